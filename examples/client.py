@@ -1,0 +1,37 @@
+"""Speak a sentence through a running Myna worker and save what came back.
+
+    python examples/client.py --server http://127.0.0.1:8080 "Hello from Myna." -o out.wav
+
+Streams the text as token-sized chunks (like an LLM at 30 tokens/s) over a WebRTC data
+channel, records the Opus track, and prints the server and perceived TTFA.
+"""
+
+import argparse
+import asyncio
+import wave
+
+from myna.rtc.client import MynaClient
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("text")
+    parser.add_argument("--server", default="http://127.0.0.1:8080")
+    parser.add_argument("-o", "--output", default="out.wav")
+    parser.add_argument("--token-rate", type=float, default=30.0)
+    args = parser.parse_args()
+
+    async with MynaClient(args.server) as client:
+        result = await client.speak(args.text, tokens_per_s=args.token_rate)
+    with wave.open(args.output, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(48_000)
+        w.writeframes(result.pcm.tobytes())
+    for event in result.events:
+        print(event)
+    print(f"server TTFA {result.server_ttfa_ms} ms, perceived TTFA {result.perceived_ttfa_ms:.0f} ms -> {args.output}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

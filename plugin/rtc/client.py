@@ -1,0 +1,213 @@
+"""A Python WebRTC client of a Myna worker (``myna say --server``, tests, benchmarks).
+
+It connects the way a browser does (``POST /api/offer``, a ``"myna"`` data channel, one
+receive-only audio transceiver, no STUN), streams a turn's text as token-sized chunks at a
+chosen rate, records the decoded audio with arrival times, and measures perceived TTFA on the
+received samples by the method of DESIGN.md §4.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from urllib.parse import urlparse
+
+import aiohttp
+import numpy as np
+from aiortc import RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError
+
+from myna.audio.onset import first_audible_sample
+from myna.audio.playout import SAMPLE_RATE
+from myna.rtc.ice import enable_loopback_candidates, is_loopback_host, rtc_configuration
+
+
+def token_chunks(text: str, piece: int = 4) -> list[str]:
+    """Split text the way an LLM streams it: words with their leading space, long words in pieces.
+
+    >>> token_chunks("Hello wonderful world")
+    ['Hello', ' wond', 'erfu', 'l', ' world']
+    """
+    chunks = []
+    for word in re.findall(r"\s*\S+", text):
+        head, rest = word[: len(word) - len(word.lstrip())], word.lstrip()
+        if len(rest) <= piece + 2:
+            chunks.append(word)
+            continue
+        pieces = [rest[i : i + piece] for i in range(0, len(rest), piece)]
+        chunks.append(head + pieces[0])
+        chunks.extend(pieces[1:])
+    return chunks
+
+
+@dataclass
+class TurnResult:
+    """What one turn produced at the client.
+
+    Attributes:
+        turn_id: the turn.
+        events: data-channel events of the turn, in arrival order.
+        pcm: int16 mono samples at 48 kHz received from the first chunk sent to ``turn_done``.
+        perceived_ttfa_ms: first chunk sent → first audible received sample (None if silent).
+        server_ttfa_ms: from the ``first_audio`` event (None if there was none).
+    """
+
+    turn_id: str
+    events: list[dict]
+    pcm: np.ndarray
+    perceived_ttfa_ms: float | None
+    server_ttfa_ms: float | None
+
+    def event_types(self) -> list[str]:
+        return [e["type"] for e in self.events]
+
+
+@dataclass
+class MynaClient:
+    """A WebRTC client session with a worker.
+
+    Use as ``async with MynaClient(url) as client: result = await client.speak("Hi.")``.
+
+    Args:
+        url: the worker's base URL, e.g. ``http://127.0.0.1:8080``.
+        engine: ``request_data.engine`` (None: the worker's default).
+        voice: ``request_data.voice``.
+    """
+
+    url: str
+    engine: str | None = None
+    voice: str | None = None
+    pc: RTCPeerConnection = field(init=False)
+    events: asyncio.Queue = field(init=False)
+    ready: dict | None = field(init=False, default=None)
+    frames: list[tuple[float, np.ndarray]] = field(init=False, default_factory=list)
+    frame_pts: list[int] = field(init=False, default_factory=list)
+    history: list[dict] = field(init=False, default_factory=list)  # every event, in arrival order
+
+    async def __aenter__(self) -> "MynaClient":
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def connect(self, timeout: float = 15.0) -> None:
+        """Negotiate, wait for the data channel's ``ready`` event.
+
+        Raises:
+            RuntimeError: when the worker answers the offer with an error.
+            TimeoutError: when the connection does not come up within ``timeout`` seconds.
+        """
+        if is_loopback_host(urlparse(self.url).hostname or ""):
+            enable_loopback_candidates()  # a worker on loopback is only reachable there
+        self.events = asyncio.Queue()
+        self.pc = RTCPeerConnection(rtc_configuration())
+        self.channel = self.pc.createDataChannel("myna")
+        self.channel.on("message", self._on_message)
+        self.pc.addTransceiver("audio", direction="recvonly")
+        self._recorder: asyncio.Task | None = None
+
+        @self.pc.on("track")
+        def on_track(track) -> None:
+            self._recorder = asyncio.ensure_future(self._record(track))
+
+        await self.pc.setLocalDescription(await self.pc.createOffer())
+        request_data = {k: v for k, v in (("engine", self.engine), ("voice", self.voice)) if v}
+        body = {"sdp": self.pc.localDescription.sdp, "type": "offer", "request_data": request_data}
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{self.url}/api/offer", json=body) as resp:
+                answer = await resp.json()
+                if resp.status != 200:
+                    raise RuntimeError(f"offer refused ({resp.status}): {answer}")
+        self.pc_id = answer["pc_id"]
+        await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type=answer["type"]))
+        self.ready = await asyncio.wait_for(self._next_event("ready"), timeout)
+
+    def _on_message(self, message: str) -> None:
+        event = json.loads(message)
+        self.history.append(event)
+        self.events.put_nowait(event)
+
+    async def _record(self, track) -> None:
+        try:
+            while True:
+                frame = await track.recv()
+                pcm = frame.to_ndarray().reshape(-1, len(frame.layout.channels))[:, 0].copy()
+                self.frames.append((time.monotonic(), pcm))
+                self.frame_pts.append(frame.pts)
+        except MediaStreamError:
+            pass
+
+    async def _next_event(self, kind: str | None = None) -> dict:
+        while True:
+            event = await self.events.get()
+            if kind is None or event["type"] == kind:
+                return event
+
+    def send(self, message: dict | str | bytes) -> None:
+        """Send one raw message on the data channel (dicts are JSON-encoded)."""
+        self.channel.send(json.dumps(message) if isinstance(message, dict) else message)
+
+    async def speak(self, text: str, tokens_per_s: float | None = 30.0, turn_id: str | None = None,
+                    timeout: float = 60.0) -> TurnResult:
+        """Stream one turn's text as token chunks, then ``end_turn``; wait for ``turn_done``.
+
+        Args:
+            text: the turn's text.
+            tokens_per_s: chunk rate, like an LLM writing; None sends all chunks at once.
+            turn_id: defaults to a fresh id.
+            timeout: seconds to wait for ``turn_done``.
+        """
+        turn_id = turn_id or uuid.uuid4().hex[:12]
+        start = len(self.frames)
+        t0 = time.monotonic()
+        sender = asyncio.ensure_future(self._send_chunks(turn_id, text, tokens_per_s))
+        events = []
+        try:
+            while True:
+                event = await asyncio.wait_for(self._next_event(), timeout)
+                if event.get("turn_id") not in (turn_id, None):
+                    continue
+                events.append(event)
+                if event["type"] == "turn_done":
+                    break
+        finally:
+            sender.cancel()
+        await asyncio.sleep(0.1)  # the last frames are in flight when turn_done is sent
+        frames = self.frames[start:]
+        return _measure(turn_id, events, frames, t0)
+
+    async def _send_chunks(self, turn_id: str, text: str, tokens_per_s: float | None) -> None:
+        t0 = time.monotonic()
+        for i, chunk in enumerate(token_chunks(text)):
+            if tokens_per_s:
+                await asyncio.sleep(max(0.0, t0 + i / tokens_per_s - time.monotonic()))
+            self.send({"type": "text", "turn_id": turn_id, "text": chunk})
+        self.send({"type": "end_turn", "turn_id": turn_id})
+
+    async def close(self) -> None:
+        """Close the peer connection."""
+        await self.pc.close()
+        if self._recorder is not None:
+            self._recorder.cancel()
+
+
+def _measure(turn_id: str, events: list[dict], frames: list[tuple[float, np.ndarray]], t0: float) -> TurnResult:
+    pcm = np.concatenate([f for _, f in frames]) if frames else np.zeros(0, np.int16)
+    onset = first_audible_sample(pcm, SAMPLE_RATE)
+    perceived = None
+    if onset is not None:
+        # The frame that carries the onset arrived at `arrival`; the onset plays that much
+        # later within it.
+        offset = 0
+        for arrival, f in frames:
+            if onset < offset + len(f):
+                perceived = 1000.0 * (arrival - t0 + (onset - offset) / SAMPLE_RATE)
+                break
+            offset += len(f)
+    server = next((e["server_ttfa_ms"] for e in events if e["type"] == "first_audio"), None)
+    return TurnResult(turn_id, events, pcm, perceived, server)

@@ -1,0 +1,251 @@
+"""A session: one peer's turns, from data-channel JSON to frames on its audio track.
+
+Follow one text chunk: :meth:`Session.handle_message` validates the JSON (DESIGN.md §3) and
+calls :meth:`Session._on_text`, which opens the turn's :class:`~myna.engines.SynthesisStream`
+on the first chunk and pushes the chunk into it. The turn's task (:meth:`Session._pump`) moves
+the stream's audio and word events into the :class:`~myna.audio.playout.Playout`, which the
+:class:`~myna.rtc.track.PacedAudioTrack` drains every 20 ms; aiortc encodes each frame to Opus.
+Playout events (``first_audio``, ``word``, ``turn_done``) come back through :meth:`Session._on_playout_event`
+and go out on the data channel.
+
+Turns play in order: a chunk with a new ``turn_id`` ends the input of the previous turn (as
+``end_turn`` would) and queues the new turn behind it. ``interrupt`` cancels every turn.
+Bad input gets an ``error`` event; the session stays usable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from myna.audio.playout import SAMPLE_RATE, Playout
+from myna.engines import AudioChunk, Engine, EngineError, SynthesisStream
+from myna.metrics import Metrics
+from myna.rtc.track import PacedAudioTrack
+
+log = logging.getLogger(__name__)
+
+#: Largest data-channel message accepted (bytes of UTF-8).
+MAX_MESSAGE_BYTES = 16 * 1024
+#: Longest accepted ``turn_id``.
+MAX_TURN_ID = 128
+#: How many finished or interrupted turn ids a session remembers, to drop late chunks for them.
+REMEMBERED_TURNS = 256
+
+
+class BadMessage(Exception):
+    """A client message that breaks the contract; ``code`` goes into the ``error`` event."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class _Turn:
+    turn_id: str
+    stream: SynthesisStream
+    text_at: float
+    task: asyncio.Task | None = None
+    input_ended: bool = False
+
+
+@dataclass
+class Session:
+    """One peer's speech session.
+
+    Args:
+        engine: the engine this session speaks with.
+        send: sends one JSON-serialisable event to the peer (data channel or WebSocket).
+        metrics: the worker's metrics.
+        voice: voice name passed to the engine (None: its default).
+        clock: monotonic clock in seconds.
+    """
+
+    engine: Engine
+    send: Callable[[dict], None]
+    metrics: Metrics
+    voice: str | None = None
+    clock: Callable[[], float] = time.monotonic
+    playout: Playout = field(init=False)
+    track: PacedAudioTrack = field(init=False)
+    _turns: dict[str, _Turn] = field(init=False, default_factory=dict)
+    _open_turn: str | None = field(init=False, default=None)
+    _past_turns: deque[str] = field(init=False, default_factory=lambda: deque(maxlen=REMEMBERED_TURNS))
+    _closed: bool = field(init=False, default=False)
+
+    def __post_init__(self) -> None:
+        self.playout = Playout(self._on_playout_event, clock=self.clock)
+        self.track = PacedAudioTrack(self.playout, clock=self.clock)
+        self.metrics.active_sessions.inc()
+
+    def ready_event(self, engines: list[str]) -> dict:
+        """The ``ready`` event sent when the channel opens."""
+        return {"type": "ready", "engines": engines, "engine": self.engine.name, "sample_rate": SAMPLE_RATE}
+
+    # -- intake ---------------------------------------------------------------------------
+    def handle_message(self, raw: str | bytes) -> None:
+        """Handle one client message; contract violations become ``error`` events."""
+        try:
+            msg = _parse(raw)
+            kind = msg["type"]
+            if kind == "text":
+                self._on_text(_turn_id(msg), _text(msg))
+            elif kind == "end_turn":
+                self._on_end_turn(_turn_id(msg))
+            elif kind == "interrupt":
+                self.interrupt()
+            else:
+                raise BadMessage("unknown_type", f"unknown message type {kind!r}")
+        except BadMessage as exc:
+            self._error(exc.code, exc.message, turn_id=_maybe_turn_id(raw))
+        except EngineError as exc:
+            self._error(exc.code, exc.message, turn_id=_maybe_turn_id(raw))
+
+    def _on_text(self, turn_id: str, text: str) -> None:
+        if turn_id in self._past_turns:
+            return  # a late chunk of a turn that was interrupted or has finished: never speak it
+        turn = self._turns.get(turn_id) or self._begin_turn(turn_id)
+        if turn.input_ended:
+            raise BadMessage("turn_ended", f"turn {turn_id!r} already ended; use a new turn_id")
+        turn.stream.push_text(text)
+
+    def _on_end_turn(self, turn_id: str) -> None:
+        if turn_id in self._past_turns:
+            return
+        turn = self._turns.get(turn_id) or self._begin_turn(turn_id)
+        self._end_input(turn)
+
+    def _begin_turn(self, turn_id: str) -> _Turn:
+        if self._open_turn is not None and self._open_turn in self._turns:
+            self._end_input(self._turns[self._open_turn])
+        stream = self.engine.stream(self.voice)
+        turn = _Turn(turn_id, stream, text_at=self.clock())
+        self._turns[turn_id] = turn
+        self._open_turn = turn_id
+        self.playout.begin_turn(turn_id, turn.text_at)
+        turn.task = asyncio.get_running_loop().create_task(self._pump(turn))
+        self.metrics.turns.labels(self.engine.name).inc()
+        self.send({"type": "turn_started", "turn_id": turn_id})
+        return turn
+
+    def _end_input(self, turn: _Turn) -> None:
+        if not turn.input_ended:
+            turn.input_ended = True
+            turn.stream.end_input()
+        if self._open_turn == turn.turn_id:
+            self._open_turn = None
+
+    def interrupt(self) -> None:
+        """Barge-in: cancel synthesis of every turn and drop its queued audio."""
+        for turn_id in self.playout.interrupt():
+            turn = self._turns.pop(turn_id, None)
+            self._past_turns.append(turn_id)
+            if turn is not None:
+                turn.stream.cancel()
+                self.send({"type": "turn_done", "turn_id": turn_id, "audio_ms": 0.0, "underruns": 0, "interrupted": True})
+        self._open_turn = None
+
+    async def _pump(self, turn: _Turn) -> None:
+        """Move one turn's engine output into the playout."""
+        try:
+            async for item in turn.stream:
+                if isinstance(item, AudioChunk):
+                    self.playout.push_audio(turn.turn_id, item.pcm, item.sample_rate)
+                else:
+                    self.playout.push_word(turn.turn_id, item.word, item.start_ms)
+        except EngineError as exc:
+            self._error(exc.code, exc.message, turn_id=turn.turn_id)
+        except Exception as exc:  # never let one turn take the session down
+            log.exception("turn %s failed", turn.turn_id)
+            self._error("engine_failed", str(exc), turn_id=turn.turn_id)
+        finally:
+            if not turn.stream.cancelled:
+                self.playout.end_turn(turn.turn_id)
+
+    # -- output ---------------------------------------------------------------------------
+    def _on_playout_event(self, event: dict) -> None:
+        kind = event["type"]
+        if kind == "first_audio":
+            self.metrics.server_ttfa.labels(self.engine.name).observe(event["server_ttfa_ms"] / 1000.0)
+        elif kind == "turn_done":
+            self._turns.pop(event["turn_id"], None)
+            self._past_turns.append(event["turn_id"])
+            if event["underruns"]:
+                self.metrics.underruns.labels(self.engine.name).inc(event["underruns"])
+        self.send(event)
+
+    def _error(self, code: str, message: str, turn_id: str | None = None) -> None:
+        self.metrics.errors.labels(code).inc()
+        event = {"type": "error", "code": code, "message": message}
+        if turn_id is not None:
+            event["turn_id"] = turn_id
+        self.send(event)
+
+    async def close(self) -> None:
+        """Cancel every turn and stop the track (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.playout.interrupt()
+        tasks = []
+        for turn in self._turns.values():
+            turn.stream.cancel()
+            if turn.task is not None:
+                turn.task.cancel()
+                tasks.append(turn.task)
+        self._turns.clear()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.track.stop()
+        self.metrics.active_sessions.dec()
+
+
+def _parse(raw: str | bytes) -> dict:
+    if isinstance(raw, bytes):
+        if len(raw) > MAX_MESSAGE_BYTES:
+            raise BadMessage("message_too_large", f"messages are limited to {MAX_MESSAGE_BYTES} bytes")
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise BadMessage("bad_encoding", "binary message is not UTF-8 JSON") from None
+    if len(raw.encode("utf-8")) > MAX_MESSAGE_BYTES:
+        raise BadMessage("message_too_large", f"messages are limited to {MAX_MESSAGE_BYTES} bytes")
+    try:
+        msg = json.loads(raw)
+    except ValueError as exc:
+        raise BadMessage("bad_json", f"message is not valid JSON: {exc}") from None
+    if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
+        raise BadMessage("bad_message", 'a message is a JSON object with a string "type"')
+    return msg
+
+
+def _turn_id(msg: dict) -> str:
+    turn_id = msg.get("turn_id")
+    if isinstance(turn_id, int) and not isinstance(turn_id, bool):
+        turn_id = str(turn_id)
+    if not isinstance(turn_id, str) or not turn_id or len(turn_id) > MAX_TURN_ID:
+        raise BadMessage("bad_message", f'"{msg["type"]}" needs a "turn_id" (string, 1-{MAX_TURN_ID} chars)')
+    return turn_id
+
+
+def _text(msg: dict) -> str:
+    text = msg.get("text")
+    if not isinstance(text, str):
+        raise BadMessage("bad_message", '"text" needs a string "text"')
+    return text
+
+
+def _maybe_turn_id(raw: str | bytes) -> str | None:
+    """The turn_id of a message, if it has a readable one (for error events)."""
+    try:
+        msg = json.loads(raw)
+        turn_id = msg.get("turn_id") if isinstance(msg, dict) else None
+        return str(turn_id) if isinstance(turn_id, (str, int)) and not isinstance(turn_id, bool) else None
+    except (ValueError, UnicodeDecodeError):
+        return None
