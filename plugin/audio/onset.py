@@ -1,7 +1,11 @@
 """Audible onset detection (DESIGN.md §4, the Coval/Gradium convention).
 
 Audible means: the first 10 ms window, moved in 1 ms hops, whose mean-removed RMS exceeds
-0.01 of full scale. Perceived TTFA is the time of that window's first sample.
+0.01 of full scale. That window locates the onset only to within 10 ms (a loud sound starting
+at sample k already makes the window beginning ~9 ms before k audible), so the onset sample is
+the first one inside that window that differs from the quiet baseline (the mean of the window
+one hop earlier, or of the window itself when it is the first) by more than the threshold. The
+page's detector (``web/onset.js``) follows the same rule, so both read the same audio alike.
 """
 
 from __future__ import annotations
@@ -35,4 +39,10 @@ def first_audible_sample(pcm: np.ndarray, sample_rate: int, threshold: float = T
     mean = (c1[starts + win] - c1[starts]) / win
     power = (c2[starts + win] - c2[starts]) / win - mean * mean
     loud = np.nonzero(power > threshold * threshold)[0]
-    return int(starts[loud[0]]) if len(loud) else None
+    if not len(loud):
+        return None
+    k = int(loud[0])
+    start = int(starts[k])
+    baseline = mean[k - 1] if k > 0 else mean[k]
+    deviating = np.nonzero(np.abs(x[start : start + win] - baseline) > threshold)[0]
+    return start + int(deviating[0]) if len(deviating) else start
