@@ -110,10 +110,16 @@ def _say(args: argparse.Namespace) -> int:
 
 
 async def _say_remote(args: argparse.Namespace) -> int:
-    from myna.rtc.client import MynaClient
+    from myna.rtc.client import MynaClient, wait_until_ready
 
-    async with MynaClient(args.server.rstrip("/"), engine=args.engine, voice=args.voice) as client:
-        result = await client.speak(args.text, tokens_per_s=args.token_rate or None)
+    url = args.server.rstrip("/")
+    try:
+        await wait_until_ready(url, timeout=60.0)
+        async with MynaClient(url, engine=args.engine, voice=args.voice) as client:
+            result = await client.speak(args.text, tokens_per_s=args.token_rate or None)
+    except (OSError, RuntimeError, TimeoutError) as exc:
+        print(f"myna say: {exc or type(exc).__name__}", file=sys.stderr)
+        return 1
     _write_wav(args.output, result.pcm, 48_000)
     for event in result.events:
         if event["type"] == "error":
@@ -173,13 +179,16 @@ def _add_bench(sub) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="myna", description="Myna: real-time speech for voice agents.")
     parser.add_argument("--version", action="version", version=f"myna {__version__}")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                        help="log verbosity (default: %(default)s)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_serve(sub)
     _add_say(sub)
     _add_bench(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.log_level != "debug":
+        logging.getLogger("aioice").setLevel(logging.WARNING)  # one INFO line per ICE check
     return args.func(args) or 0
 
 

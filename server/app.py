@@ -51,7 +51,8 @@ class Peer:
     pc_id: str
     pc: RTCPeerConnection
     session: Session
-    channel: object | None = None
+    channel: object | None = None  # where events go: the open channel the client last used
+    channels: list = field(default_factory=list)
 
 
 @dataclass
@@ -95,29 +96,36 @@ class Worker:
         if not isinstance(request_data, dict):
             raise HTTPError(400, "bad_request", '"request_data" must be an object')
         engine_name = request_data.get("engine") or self.default_engine
+        voice = request_data.get("voice")
+        if not isinstance(engine_name, str) or not isinstance(voice, (str, type(None))):
+            raise HTTPError(400, "bad_request", '"request_data.engine" and "request_data.voice" must be strings')
         if engine_name not in self.engines:
             raise HTTPError(400, "unknown_engine", f"unknown engine {engine_name!r}; loaded: {', '.join(self.engines)}")
         engine = self.engines[engine_name]
-        voice = request_data.get("voice")
         if voice is not None and voice not in engine.voices:
             raise HTTPError(400, "unknown_voice", f"{engine_name} has no voice {voice!r}; available: {engine.voices}")
         if not self.ready:
             raise HTTPError(503, "not_ready", "the worker is still loading its engines")
+        if "\nm=audio " not in sdp.replace("\r\n", "\n"):
+            raise HTTPError(400, "bad_sdp", "the offer needs an audio m-line (add a recvonly audio transceiver)")
 
         pc_id = body.get("pc_id")
         existing = self.peers.get(pc_id) if isinstance(pc_id, str) else None
         if existing is not None and not body.get("restart_pc"):
+            # Renegotiation keeps the ICE credentials; another peer's offer cannot reuse the id.
+            if _ice_ufrag(sdp) != _ice_ufrag(existing.pc.remoteDescription.sdp):
+                raise HTTPError(409, "pc_id_in_use", "that pc_id belongs to another connection; omit pc_id or set restart_pc")
             return await self._answer(existing, sdp)
-        if existing is not None:
-            await self.close_peer(existing.pc_id)
-        else:
-            pc_id = f"myna-{uuid.uuid4().hex}"
-        peer = self._new_peer(pc_id, engine, voice)
+        peer = self._new_peer(existing.pc_id if existing else f"myna-{uuid.uuid4().hex}", engine, voice)
         try:
-            return await self._answer(peer, sdp)
+            answer = await self._answer(peer, sdp)
         except HTTPError:
-            await self.close_peer(pc_id)
+            await self._release(peer)
             raise
+        if existing is not None:  # a restart replaces the old connection only once the new one is answered
+            await self._release(existing)
+        self.peers[peer.pc_id] = peer
+        return answer
 
     def _new_peer(self, pc_id: str, engine: Engine, voice: str | None) -> Peer:
         pc = RTCPeerConnection(rtc_configuration(self.ice_servers))
@@ -130,19 +138,31 @@ class Worker:
 
         session = Session(engine=engine, send=send, metrics=self.metrics, voice=voice)
         peer = Peer(pc_id, pc, session)
-        self.peers[pc_id] = peer
         pc.addTrack(session.track)
 
         @pc.on("datachannel")
         def on_datachannel(channel) -> None:
-            peer.channel = channel
-            channel.on("message", session.handle_message)
-            send(session.ready_event(list(self.engines)))
+            peer.channels.append(channel)
+            if peer.channel is None or peer.channel.readyState != "open":
+                peer.channel = channel
+
+            @channel.on("message")
+            def on_message(message) -> None:
+                peer.channel = channel  # events go to the channel the client last spoke on
+                session.handle_message(message)
+
+            @channel.on("close")
+            def on_close() -> None:
+                peer.channels.remove(channel)
+                if peer.channel is channel:  # fall back to another open channel, if any
+                    peer.channel = next((c for c in reversed(peer.channels) if c.readyState == "open"), None)
+
+            channel.send(json.dumps(session.ready_event(list(self.engines))))
 
         @pc.on("connectionstatechange")
         async def on_state() -> None:
             log.info("peer %s: %s", pc_id, pc.connectionState)
-            if pc.connectionState in ("failed", "closed"):
+            if pc.connectionState in ("failed", "closed") and self.peers.get(pc_id) is peer:
                 await self.close_peer(pc_id)
 
         asyncio.get_running_loop().call_later(self.connect_timeout, self._drop_if_unconnected, pc_id, pc)
@@ -190,8 +210,11 @@ class Worker:
     async def close_peer(self, pc_id: str) -> None:
         """Release everything a peer's session owns (idempotent)."""
         peer = self.peers.pop(pc_id, None)
-        if peer is None:
-            return
+        if peer is not None:
+            await self._release(peer)
+
+    @staticmethod
+    async def _release(peer: Peer) -> None:
         await peer.session.close()
         await peer.pc.close()
 
@@ -226,8 +249,14 @@ async def _json_errors(request: web.Request, handler):
 
 async def _json_body(request: web.Request) -> dict:
     try:
-        body = await request.json()
-    except ValueError:
+        raw = await request.read()
+    except web.HTTPException:
+        raise  # e.g. 413, answered by the middleware in the JSON shape
+    except Exception:  # bad Content-Encoding, truncated body, ...
+        raise HTTPError(400, "bad_body", "the request body could not be read") from None
+    try:
+        body = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError):  # also bad UTF-8 and absurdly deep nesting
         raise HTTPError(400, "bad_json", "the body is not valid JSON") from None
     if not isinstance(body, dict):
         raise HTTPError(400, "bad_request", "the body must be a JSON object")
@@ -256,6 +285,13 @@ async def _metrics(request: web.Request) -> web.Response:
 
 async def _index(request: web.Request) -> web.FileResponse:
     return web.FileResponse(files("myna.web") / "index.html")
+
+
+def _ice_ufrag(sdp: str) -> str | None:
+    for line in sdp.splitlines():
+        if line.startswith("a=ice-ufrag:"):
+            return line.split(":", 1)[1].strip()
+    return None
 
 
 def create_app(worker: Worker) -> web.Application:

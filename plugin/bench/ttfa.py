@@ -110,12 +110,11 @@ async def _whole_reply(engine_name: str, text: str, repeats: int = 10) -> list[f
         raise SystemExit(f"bench ttfa: no whole-reply baseline for engine {engine_name!r}")
     engine = PiperEngine(workers=1)
     await engine.start()
-    loop = asyncio.get_running_loop()
     times = []
     try:
         for _ in range(repeats):
             t0 = time.perf_counter()
-            await loop.run_in_executor(engine._executor, engine.synthesize_clause, text)
+            await engine.synthesize(text)
             times.append(1000.0 * (time.perf_counter() - t0))
     finally:
         await engine.close()

@@ -183,8 +183,11 @@ class Engine(abc.ABC):
         """Release threads and models."""
 
     @abc.abstractmethod
-    def stream(self, voice: str | None = None) -> SynthesisStream:
+    def stream(self, voice: str | None = None, group: object = None) -> SynthesisStream:
         """Open a stream for one turn (must be called on the event loop).
+
+        ``group`` names who the turn belongs to (e.g. its session): engines share their
+        compute fairly between groups, so one client's queued turns cannot starve another's.
 
         Raises:
             EngineError: ``unknown_voice`` when ``voice`` is not available.

@@ -18,6 +18,7 @@ import asyncio
 import json
 import logging
 import os
+from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -36,6 +37,56 @@ _SILENCE = 0.003  # |sample| below this counts as silence when trimming the turn
 def default_workers() -> int:
     """Synthesis threads: all cores but one (the event loop paces packets), at least one."""
     return max(1, (os.cpu_count() or 2) - 1)
+
+
+class FairExecutor:
+    """Runs blocking jobs on a thread pool, taking turns between groups (e.g. sessions).
+
+    Jobs wait in one FIFO per group; whenever a thread is free the next job is taken from the
+    group that has waited longest since its last job, so a session with many queued clauses
+    delays another session's first clause by at most one job per thread. A job whose caller
+    gave up (cancelled, e.g. on barge-in) before it started is skipped.
+    """
+
+    def __init__(self, workers: int, thread_name_prefix: str):
+        self.workers = workers
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=thread_name_prefix)
+        self._waiting: OrderedDict[object, deque] = OrderedDict()
+        self._running = 0
+
+    async def run(self, group: object, fn, *args):
+        """Run ``fn(*args)`` on a thread in ``group``'s turn; returns its result."""
+        future = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(group, deque()).append((fn, args, future))
+        self._dispatch()
+        return await future
+
+    def _dispatch(self) -> None:
+        while self._running < self.workers and self._waiting:
+            group, jobs = next(iter(self._waiting.items()))
+            fn, args, future = jobs.popleft()
+            if jobs:
+                self._waiting.move_to_end(group)
+            else:
+                del self._waiting[group]
+            if future.done():  # cancelled while waiting
+                continue
+            self._running += 1
+            asyncio.wrap_future(self._pool.submit(fn, *args)).add_done_callback(
+                lambda done, future=future: self._finished(done, future)
+            )
+
+    def _finished(self, done: asyncio.Future, future: asyncio.Future) -> None:
+        self._running -= 1
+        if not future.done():
+            if done.exception() is not None:
+                future.set_exception(done.exception())
+            else:
+                future.set_result(done.result())
+        self._dispatch()
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 class PiperEngine(Engine):
@@ -59,7 +110,7 @@ class PiperEngine(Engine):
         self.voice_name = self.model_path.stem  # e.g. "en_US-joe-medium"
         with open(self.config_path, encoding="utf-8") as f:
             self.sample_rate = int(json.load(f)["audio"]["sample_rate"])
-        self._executor = ThreadPoolExecutor(max_workers=workers or default_workers(), thread_name_prefix="piper")
+        self._executor = FairExecutor(workers or default_workers(), thread_name_prefix="piper")
         self._voice = None
 
     @property
@@ -69,9 +120,8 @@ class PiperEngine(Engine):
 
     async def start(self) -> None:
         """Load the voice on a worker thread and synthesise once to warm up."""
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._executor, self._load)
-        await loop.run_in_executor(self._executor, self.synthesize_clause, "Ready.")
+        await self._executor.run(None, self._load)
+        await self._executor.run(None, self.synthesize_clause, "Ready.")
 
     def _load(self) -> None:
         import onnxruntime as ort
@@ -93,14 +143,18 @@ class PiperEngine(Engine):
         log.info("piper voice %s loaded (%d Hz)", self.voice_name, self.sample_rate)
 
     async def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._executor.shutdown()
 
-    def stream(self, voice: str | None = None) -> "PiperStream":
+    def stream(self, voice: str | None = None, group: object = None) -> "PiperStream":
         if voice not in (None, *self.voices):
             raise EngineError("unknown_voice", f"piper has no voice {voice!r}; available: {self.voice_name}")
         if self._voice is None:
             raise EngineError("engine_not_ready", "piper is still loading")
-        return PiperStream(self)
+        return PiperStream(self, group)
+
+    async def synthesize(self, text: str, group: object = None) -> tuple[np.ndarray, list[float]]:
+        """:meth:`synthesize_clause` on the engine's threads, in ``group``'s turn."""
+        return await self._executor.run(group, self.synthesize_clause, text)
 
     def synthesize_clause(self, text: str) -> tuple[np.ndarray, list[float]]:
         """Synthesise one clause (blocking; call on a worker thread).
@@ -150,9 +204,10 @@ def _proportional_starts(words: list[str], n_samples: int) -> list[int]:
 class PiperStream(SynthesisStream):
     """One turn on the Piper engine: clauses are synthesised in order as they complete."""
 
-    def __init__(self, engine: PiperEngine):
+    def __init__(self, engine: PiperEngine, group: object = None):
         super().__init__()
         self._engine = engine
+        self._group = group if group is not None else self
         self._chunker = ClauseChunker()
         self._clauses: asyncio.Queue[str | None] = asyncio.Queue()
         self._task = self._loop.create_task(self._run())
@@ -175,7 +230,7 @@ class PiperStream(SynthesisStream):
         first = True
         try:
             while (clause := await self._clauses.get()) is not None:
-                pcm, starts = await self._loop.run_in_executor(self._engine._executor, self._engine.synthesize_clause, clause)
+                pcm, starts = await self._engine.synthesize(clause, self._group)
                 if first:
                     pcm, trimmed_ms = _trim_lead_in(pcm, self._engine.sample_rate)
                     starts = [max(0.0, s - trimmed_ms) for s in starts]

@@ -44,6 +44,27 @@ def token_chunks(text: str, piece: int = 4) -> list[str]:
     return chunks
 
 
+async def wait_until_ready(url: str, timeout: float = 60.0) -> None:
+    """Wait until ``GET {url}/healthz`` answers 200 (the worker's engines are warm).
+
+    Raises:
+        TimeoutError: not ready within ``timeout`` seconds (the message says what was seen).
+    """
+    deadline = time.monotonic() + timeout
+    last = "no answer"
+    async with aiohttp.ClientSession() as http:
+        while time.monotonic() < deadline:
+            try:
+                async with http.get(f"{url}/healthz", timeout=aiohttp.ClientTimeout(total=2)) as resp:
+                    if resp.status == 200:
+                        return
+                    last = f"HTTP {resp.status}"
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                last = str(exc) or type(exc).__name__
+            await asyncio.sleep(0.25)
+    raise TimeoutError(f"{url} is not ready after {timeout:.0f} s ({last})")
+
+
 @dataclass
 class TurnResult:
     """What one turn produced at the client.

@@ -8,6 +8,11 @@ the stream's audio and word events into the :class:`~myna.audio.playout.Playout`
 Playout events (``first_audio``, ``word``, ``turn_done``) come back through :meth:`Session._on_playout_event`
 and go out on the data channel.
 
+The turn logic does not depend on the transport: by default a session owns a paced
+``Playout`` + ``PacedAudioTrack`` (WebRTC); a transport that wants the audio as soon as it
+exists passes its own :class:`TurnOutput` instead (the WebSocket endpoint,
+:mod:`myna.server.tts_stream`, sends unpaced PCM).
+
 Turns play in order: a chunk with a new ``turn_id`` ends the input of the previous turn (as
 ``end_turn`` would) and queues the new turn behind it. ``interrupt`` cancels every turn.
 Bad input gets an ``error`` event; the session stays usable.
@@ -22,6 +27,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
 
 from myna.audio.playout import SAMPLE_RATE, Playout
 from myna.engines import AudioChunk, Engine, EngineError, SynthesisStream
@@ -36,6 +44,30 @@ MAX_MESSAGE_BYTES = 16 * 1024
 MAX_TURN_ID = 128
 #: How many finished or interrupted turn ids a session remembers, to drop late chunks for them.
 REMEMBERED_TURNS = 256
+
+
+class TurnOutput(Protocol):
+    """Where a session's turns go: the producer side of :class:`~myna.audio.playout.Playout`.
+
+    An output queues turns in order and reports ``first_audio``, ``word`` and ``turn_done``
+    events (DESIGN.md §3) to the event sink it was built with, once the audio they describe
+    has been handed to the transport.
+    """
+
+    def begin_turn(self, turn_id: str, text_at: float) -> None:
+        """Queue a turn; ``text_at`` is when its first text chunk arrived (monotonic s)."""
+
+    def push_audio(self, turn_id: str, pcm: np.ndarray, sample_rate: int) -> None:
+        """Queue float32 mono PCM ``[n]`` at ``sample_rate`` Hz (ignored for dropped turns)."""
+
+    def push_word(self, turn_id: str, word: str, start_ms: float) -> None:
+        """Schedule a ``word`` event ``start_ms`` into the turn's audio."""
+
+    def end_turn(self, turn_id: str) -> None:
+        """No more audio for the turn; ``turn_done`` follows its last audio."""
+
+    def interrupt(self) -> list[str]:
+        """Drop every queued turn now; returns their ids, the playing one first."""
 
 
 class BadMessage(Exception):
@@ -56,7 +88,7 @@ class _Turn:
     input_ended: bool = False
 
 
-@dataclass
+@dataclass(eq=False)  # identity semantics: a session is also its engine scheduling group
 class Session:
     """One peer's speech session.
 
@@ -66,6 +98,9 @@ class Session:
         metrics: the worker's metrics.
         voice: voice name passed to the engine (None: its default).
         clock: monotonic clock in seconds.
+        output: builds the session's :class:`TurnOutput` from the session's event sink.
+            None (the default, WebRTC): a paced :class:`~myna.audio.playout.Playout` drained
+            by :attr:`track`. With an output given, :attr:`playout` and :attr:`track` are None.
     """
 
     engine: Engine
@@ -73,16 +108,22 @@ class Session:
     metrics: Metrics
     voice: str | None = None
     clock: Callable[[], float] = time.monotonic
-    playout: Playout = field(init=False)
-    track: PacedAudioTrack = field(init=False)
+    output: Callable[[Callable[[dict], None]], TurnOutput] | None = None
+    playout: Playout | None = field(init=False, default=None)
+    track: PacedAudioTrack | None = field(init=False, default=None)
+    _output: TurnOutput = field(init=False)
     _turns: dict[str, _Turn] = field(init=False, default_factory=dict)
     _open_turn: str | None = field(init=False, default=None)
     _past_turns: deque[str] = field(init=False, default_factory=lambda: deque(maxlen=REMEMBERED_TURNS))
     _closed: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
-        self.playout = Playout(self._on_playout_event, clock=self.clock)
-        self.track = PacedAudioTrack(self.playout, clock=self.clock)
+        if self.output is None:
+            self.playout = Playout(self._on_playout_event, clock=self.clock)
+            self.track = PacedAudioTrack(self.playout, clock=self.clock)
+            self._output = self.playout
+        else:
+            self._output = self.output(self._on_playout_event)
         self.metrics.active_sessions.inc()
 
     def ready_event(self, engines: list[str]) -> dict:
@@ -93,7 +134,7 @@ class Session:
     def handle_message(self, raw: str | bytes) -> None:
         """Handle one client message; contract violations become ``error`` events."""
         try:
-            msg = _parse(raw)
+            msg = parse_message(raw)
             kind = msg["type"]
             if kind == "text":
                 self._on_text(_turn_id(msg), _text(msg))
@@ -103,14 +144,15 @@ class Session:
                 self.interrupt()
             else:
                 raise BadMessage("unknown_type", f"unknown message type {kind!r}")
-        except BadMessage as exc:
+        except (BadMessage, EngineError) as exc:
             self._error(exc.code, exc.message, turn_id=_maybe_turn_id(raw))
-        except EngineError as exc:
-            self._error(exc.code, exc.message, turn_id=_maybe_turn_id(raw))
+        except Exception:  # a bug must cost one message, never the session or the transport
+            log.exception("message handling failed")
+            self._error("internal", "the message could not be handled", turn_id=_maybe_turn_id(raw))
 
     def _on_text(self, turn_id: str, text: str) -> None:
-        if turn_id in self._past_turns:
-            return  # a late chunk of a turn that was interrupted or has finished: never speak it
+        if turn_id in self._past_turns:  # a late chunk of a finished or interrupted turn: never speak it
+            raise BadMessage("turn_ended", f"turn {turn_id!r} has ended; use a new turn_id")
         turn = self._turns.get(turn_id) or self._begin_turn(turn_id)
         if turn.input_ended:
             raise BadMessage("turn_ended", f"turn {turn_id!r} already ended; use a new turn_id")
@@ -125,11 +167,11 @@ class Session:
     def _begin_turn(self, turn_id: str) -> _Turn:
         if self._open_turn is not None and self._open_turn in self._turns:
             self._end_input(self._turns[self._open_turn])
-        stream = self.engine.stream(self.voice)
+        stream = self.engine.stream(self.voice, group=self)
         turn = _Turn(turn_id, stream, text_at=self.clock())
         self._turns[turn_id] = turn
         self._open_turn = turn_id
-        self.playout.begin_turn(turn_id, turn.text_at)
+        self._output.begin_turn(turn_id, turn.text_at)
         turn.task = asyncio.get_running_loop().create_task(self._pump(turn))
         self.metrics.turns.labels(self.engine.name).inc()
         self.send({"type": "turn_started", "turn_id": turn_id})
@@ -144,7 +186,7 @@ class Session:
 
     def interrupt(self) -> None:
         """Barge-in: cancel synthesis of every turn and drop its queued audio."""
-        for turn_id in self.playout.interrupt():
+        for turn_id in self._output.interrupt():
             turn = self._turns.pop(turn_id, None)
             self._past_turns.append(turn_id)
             if turn is not None:
@@ -153,13 +195,13 @@ class Session:
         self._open_turn = None
 
     async def _pump(self, turn: _Turn) -> None:
-        """Move one turn's engine output into the playout."""
+        """Move one turn's engine output into the session's output."""
         try:
             async for item in turn.stream:
                 if isinstance(item, AudioChunk):
-                    self.playout.push_audio(turn.turn_id, item.pcm, item.sample_rate)
+                    self._output.push_audio(turn.turn_id, item.pcm, item.sample_rate)
                 else:
-                    self.playout.push_word(turn.turn_id, item.word, item.start_ms)
+                    self._output.push_word(turn.turn_id, item.word, item.start_ms)
         except EngineError as exc:
             self._error(exc.code, exc.message, turn_id=turn.turn_id)
         except Exception as exc:  # never let one turn take the session down
@@ -167,7 +209,7 @@ class Session:
             self._error("engine_failed", str(exc), turn_id=turn.turn_id)
         finally:
             if not turn.stream.cancelled:
-                self.playout.end_turn(turn.turn_id)
+                self._output.end_turn(turn.turn_id)
 
     # -- output ---------------------------------------------------------------------------
     def _on_playout_event(self, event: dict) -> None:
@@ -193,7 +235,7 @@ class Session:
         if self._closed:
             return
         self._closed = True
-        self.playout.interrupt()
+        self._output.interrupt()
         tasks = []
         for turn in self._turns.values():
             turn.stream.cancel()
@@ -202,11 +244,17 @@ class Session:
                 tasks.append(turn.task)
         self._turns.clear()
         await asyncio.gather(*tasks, return_exceptions=True)
-        self.track.stop()
+        if self.track is not None:
+            self.track.stop()
         self.metrics.active_sessions.dec()
 
 
-def _parse(raw: str | bytes) -> dict:
+def parse_message(raw: str | bytes) -> dict:
+    """Decode one client message (size limit, UTF-8, JSON object with a string ``type``).
+
+    Raises:
+        BadMessage: ``message_too_large``, ``bad_encoding``, ``bad_json`` or ``bad_message``.
+    """
     if isinstance(raw, bytes):
         if len(raw) > MAX_MESSAGE_BYTES:
             raise BadMessage("message_too_large", f"messages are limited to {MAX_MESSAGE_BYTES} bytes")
@@ -218,7 +266,7 @@ def _parse(raw: str | bytes) -> dict:
         raise BadMessage("message_too_large", f"messages are limited to {MAX_MESSAGE_BYTES} bytes")
     try:
         msg = json.loads(raw)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: absurdly deep nesting
         raise BadMessage("bad_json", f"message is not valid JSON: {exc}") from None
     if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
         raise BadMessage("bad_message", 'a message is a JSON object with a string "type"')
@@ -247,5 +295,5 @@ def _maybe_turn_id(raw: str | bytes) -> str | None:
         msg = json.loads(raw)
         turn_id = msg.get("turn_id") if isinstance(msg, dict) else None
         return str(turn_id) if isinstance(turn_id, (str, int)) and not isinstance(turn_id, bool) else None
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         return None

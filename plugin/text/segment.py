@@ -8,6 +8,13 @@ from __future__ import annotations
 
 from myna.text.normalise import append_word, ends_clause, has_speech
 
+#: Longest word passed on (characters); a longer run without whitespace is cut into pieces this
+#: long, so one giant "word" cannot hold up an engine (and, through it, other sessions).
+MAX_WORD_CHARS = 40
+#: Longest raw run without whitespace kept while waiting for its end (characters); enough for
+#: a markdown link with a long URL, which normalises down to its text.
+MAX_RAW_CHARS = 512
+
 # Abbreviations whose "." almost never ends a sentence; a clause does not end on them.
 _ABBREVIATIONS = frozenset({"mr.", "mrs.", "ms.", "dr.", "prof.", "st.", "jr.", "sr.", "vs.", "e.g.", "i.e."})
 
@@ -46,6 +53,9 @@ class WordSegmenter:
         text = self._partial + chunk
         raws = text.split()
         self._partial = raws.pop() if raws and not text[-1].isspace() else ""
+        while len(self._partial) > MAX_RAW_CHARS:  # no whitespace for too long: cut it
+            raws.append(self._partial[:MAX_RAW_CHARS])
+            self._partial = self._partial[MAX_RAW_CHARS:]
         for raw in raws:
             self._open = append_word(self._words, raw, self._open)
         if has_speech(self._partial):
@@ -62,7 +72,7 @@ class WordSegmenter:
     def _take(self) -> list[str]:
         ready = len(self._words) - (1 if self._open else 0)
         out, self._words = self._words[:ready], self._words[ready:]
-        return out
+        return [w[i : i + MAX_WORD_CHARS] for w in out for i in range(0, len(w), MAX_WORD_CHARS)]
 
 
 class ClauseChunker:
@@ -82,6 +92,7 @@ class ClauseChunker:
 
     Args:
         max_words: the most words in one unit.
+        max_chars: a unit also ends once it holds this many characters (at a word boundary).
         first_min_words: the fewest words the first unit of a turn ends on at a clause
             boundary (1: any clause).
 
@@ -92,10 +103,12 @@ class ClauseChunker:
     ['Sure']
     """
 
-    def __init__(self, max_words: int = 24, first_min_words: int = 1) -> None:
-        if max_words < 1 or first_min_words < 1:
-            raise ValueError("max_words and first_min_words must be at least 1")
+    def __init__(self, max_words: int = 24, first_min_words: int = 1, max_chars: int = 240) -> None:
+        if max_words < 1 or first_min_words < 1 or max_chars < 1:
+            raise ValueError("max_words, first_min_words and max_chars must be at least 1")
         self.max_words = max_words
+        self.max_chars = max_chars
+        self._chars = 0
         self.first_min_words = first_min_words
         self._words: list[str] = []
         self._first = True  # no unit of this turn has been returned yet
@@ -105,9 +118,11 @@ class ClauseChunker:
         units: list[str] = []
         for w in word.split():
             self._words.append(w)
+            self._chars += len(w) + 1
             min_words = self.first_min_words if self._first else 1
             at_clause = ends_clause(w) and w.lower() not in _ABBREVIATIONS
-            if (at_clause and len(self._words) >= min_words) or len(self._words) >= self.max_words:
+            full = len(self._words) >= self.max_words or self._chars >= self.max_chars
+            if (at_clause and len(self._words) >= min_words) or full:
                 units += self._cut()
         return units
 
@@ -118,7 +133,7 @@ class ClauseChunker:
         return units
 
     def _cut(self) -> list[str]:
-        unit, self._words = " ".join(self._words), []
+        unit, self._words, self._chars = " ".join(self._words), [], 0
         if not has_speech(unit):
             return []
         self._first = False

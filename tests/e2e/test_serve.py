@@ -253,3 +253,76 @@ async def test_sessions_are_released_on_close_and_on_a_dead_peer(worker):
     while await _sessions(worker) != base:
         assert time.monotonic() - t0 < 8.0, "dead peer not released within the peer timeout (3 s, +20 % jitter)"
         await asyncio.sleep(0.2)
+
+
+def test_hostile_http_bodies_get_json_400s_not_500s(worker):
+    url = f"{worker.url}/api/offer"
+    deep = b"[" * 100_000 + b"]" * 100_000
+    assert http(url, deep, "POST")[0] == 400
+    for request_data in ({"engine": ["piper"]}, {"engine": {"a": 1}}, {"voice": 3}):
+        status, answer = http(url, json.dumps({"sdp": "x", "type": "offer", "request_data": request_data}).encode(), "POST")
+        assert status == 400 and answer["error"]["code"] == "bad_request", (request_data, answer)
+    for headers, body in (({"Content-Type": "application/json; charset=nonexistent"}, b"{}"),
+                          ({"Content-Encoding": "gzip"}, b"notgzip"),
+                          ({"Content-Encoding": "deflate"}, b"\x00garbage")):
+        req = urllib.request.Request(url, data=body, method="POST", headers=headers)
+        try:
+            urllib.request.urlopen(req, timeout=10)
+            status = 200
+        except urllib.error.HTTPError as e:
+            status, answer = e.code, json.loads(e.read())
+        assert status == 400 and "error" in answer, (headers, status)
+    status, answer = http(url, json.dumps({"sdp": "v=0\r\nm=video 9 UDP/TLS/RTP/SAVPF 96\r\n", "type": "offer"}).encode(), "POST")
+    assert status == 400 and "audio m-line" in answer["error"]["message"]
+
+
+async def test_deeply_nested_json_on_the_channel_is_a_bad_json_error(worker):
+    async with MynaClient(worker.url) as client:
+        client.send("[" * 1000 + "]" * 1000)
+        event = await asyncio.wait_for(client._next_event(), 5)
+        assert event["type"] == "error" and event["code"] == "bad_json"
+        assert "first_audio" in (await client.speak("Still alive.", tokens_per_s=None)).event_types()
+
+
+async def test_a_refused_restart_keeps_the_session_and_a_foreign_offer_cannot_take_a_pc_id(worker):
+    async with MynaClient(worker.url) as client:
+        status, answer = http(f"{worker.url}/api/offer", json.dumps(
+            {"sdp": "garbage", "type": "offer", "pc_id": client.pc_id, "restart_pc": True}).encode(), "POST")
+        assert status == 400
+        other = MynaClient(worker.url)
+        other.pc_id = None
+        from aiortc import RTCPeerConnection
+
+        pc = RTCPeerConnection()
+        pc.addTransceiver("audio", direction="recvonly")
+        await pc.setLocalDescription(await pc.createOffer())
+        status, answer = http(f"{worker.url}/api/offer", json.dumps(
+            {"sdp": pc.localDescription.sdp, "type": "offer", "pc_id": client.pc_id}).encode(), "POST")
+        await pc.close()
+        assert status == 409 and answer["error"]["code"] == "pc_id_in_use"
+        assert "first_audio" in (await client.speak("Still connected.", tokens_per_s=None)).event_types()
+
+
+async def test_events_follow_the_channel_the_client_speaks_on(worker):
+    async with MynaClient(worker.url) as client:
+        second = client.pc.createDataChannel("second")
+        got: list[dict] = []
+        second.on("message", lambda m: got.append(json.loads(m)))
+        await asyncio.sleep(0.5)
+        second.close()
+        await asyncio.sleep(0.3)
+        result = await client.speak("Hello again.", tokens_per_s=None)
+        assert result.event_types()[-1] == "turn_done"
+
+
+async def test_one_clients_queued_turns_do_not_starve_another_session(worker):
+    async with MynaClient(worker.url) as a, MynaClient(worker.url) as b:
+        alone = (await b.speak("Hello there, friend.", tokens_per_s=None)).server_ttfa_ms
+        for i in range(12):  # about 24 sentence-long clauses, over 10 s of synthesis here
+            a.send({"type": "text", "turn_id": f"a{i}", "text": SENTENCES[i % 5] + " " + SENTENCES[(i + 1) % 5]})
+        a.send({"type": "end_turn", "turn_id": "a11"})
+        await asyncio.sleep(0.2)
+        queued = (await b.speak("Hello there, friend.", tokens_per_s=None)).server_ttfa_ms
+        a.send({"type": "interrupt"})
+    # Fair scheduling: B waits for the clause already being synthesised for A, not A's queue.
+    assert queued is not None and queued < alone + 4000, (alone, queued)

@@ -237,3 +237,19 @@ def test_intake_pipeline_keeps_every_word_in_order_for_any_chunking():
         units += chunker.flush()
         assert [w for u in units for w in u.split()] == expected
         assert all(has_speech(u) and len(u.split()) <= 5 for u in units)
+
+
+def test_a_giant_word_is_cut_into_bounded_pieces_and_clauses_stay_short():
+    from myna.text.segment import MAX_WORD_CHARS
+
+    seg = WordSegmenter()
+    words = []
+    for _ in range(100):  # 4,000 letters in 40-letter chunks, no whitespace
+        words += seg.push("a" * 40)
+    words += seg.flush()
+    assert "".join(words) == "a" * 4000
+    assert max(len(w) for w in words) <= MAX_WORD_CHARS
+    chunker = ClauseChunker(max_chars=120)
+    units = [u for w in words for u in chunker.push(w)] + chunker.flush()
+    assert "".join(units).replace(" ", "") == "a" * 4000
+    assert max(len(u) for u in units) <= 120 + MAX_WORD_CHARS
