@@ -17,8 +17,8 @@ pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
   || { echo "setup: installing torch 2.13.0"; pip install torch==2.13.0; }
 
 if [ "$mode" = dev ]; then
-  echo "setup: installing myna with its test extras"
-  pip install -e ".[dev]"
+  echo "setup: installing myna with its test extras and the framework plug-ins"
+  pip install -e ".[dev,pipecat,livekit]"
   # The DSM reference implementation is a test oracle only: no dependencies of its own pins.
   pip install --no-deps "moshi==0.2.13"
   missing=()

@@ -8,6 +8,7 @@ Routes:
 - ``GET /healthz``: 200 once every engine has loaded and warmed up, 503 before.
 - ``GET /metrics``: Prometheus text format.
 - ``GET /``: the web page (package ``myna.web``).
+- ``GET /v1/tts/stream``: streaming TTS over a WebSocket (:mod:`myna.server.tts_stream`).
 
 Every error is JSON ``{"error": {"code", "message"}}`` with a 4xx status; an unexpected
 exception is logged and answered with a bare 500 of the same shape, never a traceback.
@@ -30,6 +31,7 @@ from myna.engines import Engine
 from myna.metrics import Metrics
 from myna.rtc.ice import rtc_configuration
 from myna.rtc.session import Session
+from myna.server.tts_stream import add_tts_stream
 
 log = logging.getLogger(__name__)
 
@@ -304,6 +306,7 @@ def create_app(worker: Worker) -> web.Application:
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/", _index)
     app.router.add_static("/static/", path=str(files("myna.web")), show_index=False)
+    add_tts_stream(app, worker)  # GET /v1/tts/stream
 
     async def start_engines(app: web.Application):
         worker.loading = asyncio.create_task(worker.start())

@@ -1,0 +1,179 @@
+"""Myna as a LiveKit Agents TTS: :class:`TTS` (``pip install 'myna[livekit]'``).
+
+Usage::
+
+    from myna.integrations import livekit as myna_livekit
+
+    session = AgentSession(tts=myna_livekit.TTS(), ...)            # in-process, embedded voice
+    session = AgentSession(tts=myna_livekit.TTS(url="http://gpu-box:8080"), ...)   # remote worker
+
+How it meets the ``tts.TTS`` contract (livekit-agents 1.x, ``livekit/agents/tts/tts.py``):
+
+- ``capabilities.streaming`` is True, so ``Agent.tts_node`` streams LLM text straight in:
+  :meth:`TTS.stream` returns a :class:`SynthesizeStream` whose ``_run`` reads the pushed
+  tokens, opens one Myna turn per segment (text up to ``flush()``), and pushes the turn's PCM
+  into the framework's ``AudioEmitter`` (``mime_type="audio/pcm"``, ``stream=True``) between
+  ``start_segment(segment_id=<turn id>)`` and ``end_segment()``.
+- ``_mark_started()`` is called when a segment's first text goes to Myna, so the framework's
+  metrics task reports ``TTSMetrics.ttfb`` (first text sent → first audio frame out).
+- Word timings go out as ``TimedString`` s (seconds from the segment's first sample;
+  ``aligned_transcript=True``).
+- :meth:`TTS.synthesize` (non-streaming) wraps a stream (``_synthesize_with_stream``).
+- Barge-in: ``aclose()`` on the stream cancels ``_run``; the Myna turn is cancelled with it
+  (remote: ``interrupt`` on the turn's WebSocket, whose connection then goes back to the pool).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from livekit.agents import APIConnectionError, APIConnectOptions, APIError, tts
+from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS, TimedString
+from livekit.agents.utils import shortuuid
+
+from myna.engines import Engine
+from myna.integrations.backend import Audio, Backend, LocalBackend, MynaError, RemoteBackend, Turn
+
+__all__ = ["TTS", "SynthesizeStream"]
+
+
+class TTS(tts.TTS):
+    """LiveKit Agents TTS backed by Myna, in-process or remote.
+
+    Args:
+        engine: a started in-process engine (shared, not closed here). None with no ``url``:
+            the embedded Piper voice, loaded on first use or :meth:`prewarm` (~3 s), owned here.
+        url: a running Myna worker (``http://host:port``); uses ``GET /v1/tts/stream``.
+        engine_name: the worker's engine (remote only; None: its default).
+        voice: voice name (None: the engine's default).
+        sample_rate: output rate in Hz (None: the engine's native rate in-process, 24000 remote).
+    """
+
+    def __init__(
+        self,
+        *,
+        engine: Engine | None = None,
+        url: str | None = None,
+        engine_name: str | None = None,
+        voice: str | None = None,
+        sample_rate: int | None = None,
+    ) -> None:
+        if engine is not None and url is not None:
+            raise ValueError("pass either engine (in-process) or url (remote), not both")
+        backend: Backend
+        if url is not None:
+            backend = RemoteBackend(url, engine_name=engine_name, voice=voice, sample_rate=sample_rate or 24_000)
+            self._model = engine_name or "default"
+        else:
+            backend = LocalBackend(engine, voice=voice, sample_rate=sample_rate)
+            self._model = backend.engine.name
+        super().__init__(
+            capabilities=tts.TTSCapabilities(streaming=True, aligned_transcript=True),
+            sample_rate=backend.sample_rate,
+            num_channels=1,
+        )
+        self._backend = backend
+        self._started: asyncio.Task | None = None
+
+    @property
+    def model(self) -> str:
+        return self._model
+
+    @property
+    def provider(self) -> str:
+        return "myna"
+
+    def prewarm(self) -> None:
+        """Start loading the voice / opening a connection now (needs a running event loop)."""
+        try:
+            self._ensure_started_task()
+        except RuntimeError:
+            pass  # no running loop: start on first use
+
+    def _ensure_started_task(self) -> asyncio.Task:
+        if self._started is None:
+            self._started = asyncio.get_running_loop().create_task(self._backend.start())
+        return self._started
+
+    async def _open_turn(self) -> Turn:
+        try:
+            await asyncio.shield(self._ensure_started_task())
+            return await self._backend.open_turn()
+        except MynaError as exc:
+            self._started = None if exc.code == "connection_failed" else self._started
+            raise _api_error(exc) from None
+
+    def synthesize(self, text: str, *, conn_options: APIConnectOptions = DEFAULT_API_CONNECT_OPTIONS) -> tts.ChunkedStream:
+        """Non-streaming synthesis of ``text`` (one segment)."""
+        return self._synthesize_with_stream(text, conn_options=conn_options)
+
+    def stream(self, *, conn_options: APIConnectOptions = DEFAULT_API_CONNECT_OPTIONS) -> "SynthesizeStream":
+        """A stream for one reply: ``push_text`` tokens, ``flush()`` per segment, ``end_input()``."""
+        return SynthesizeStream(tts=self, conn_options=conn_options)
+
+    async def aclose(self) -> None:
+        if self._started is not None:
+            await asyncio.gather(self._started, return_exceptions=True)
+        await self._backend.aclose()
+
+
+class SynthesizeStream(tts.SynthesizeStream):
+    """One reply; each segment (text between flushes) is one Myna turn."""
+
+    def __init__(self, *, tts: TTS, conn_options: APIConnectOptions) -> None:
+        super().__init__(tts=tts, conn_options=conn_options)
+        self._myna: TTS = tts
+
+    async def _run(self, output_emitter: tts.AudioEmitter) -> None:
+        output_emitter.initialize(
+            request_id=shortuuid(),
+            sample_rate=self._myna.sample_rate,
+            num_channels=1,
+            mime_type="audio/pcm",
+            stream=True,
+        )
+        turn: Turn | None = None
+        reader: asyncio.Task | None = None
+        try:
+            async for item in self._input_ch:
+                if isinstance(item, self._FlushSentinel):
+                    if turn is not None:
+                        await turn.end_input()
+                        await reader  # the segment's audio, to its end
+                        output_emitter.end_segment()
+                        turn = reader = None
+                    continue
+                if turn is None:
+                    turn = await self._myna._open_turn()
+                    output_emitter.start_segment(segment_id=turn.turn_id)
+                    reader = asyncio.get_running_loop().create_task(_emit(turn, output_emitter))
+                    self._mark_started()
+                await turn.push_text(item)
+            if turn is not None:  # input closed without a flush
+                await turn.end_input()
+                await reader
+                output_emitter.end_segment()
+                turn = reader = None
+        except MynaError as exc:
+            raise _api_error(exc) from None
+        finally:
+            if turn is not None:  # cancelled (barge-in) or failed mid-segment
+                if reader is not None:
+                    reader.cancel()
+                    await asyncio.gather(reader, return_exceptions=True)
+                await turn.cancel()
+
+
+async def _emit(turn: Turn, emitter: tts.AudioEmitter) -> None:
+    """Push a turn's PCM and word timings into the emitter until the turn ends."""
+    async for item in turn:
+        if isinstance(item, Audio):
+            emitter.push(item.pcm)
+        else:
+            emitter.push_timed_transcript(TimedString(item.word + " ", start_time=item.start_s))
+
+
+def _api_error(exc: MynaError) -> APIError:
+    if exc.code in ("connection_failed", "connection_lost"):
+        return APIConnectionError(str(exc))
+    return APIError(str(exc), body={"code": exc.code, "message": exc.message}, retryable=False)

@@ -1,0 +1,188 @@
+"""Myna as Pipecat's TTS stage: :class:`MynaTTSService` (``pip install 'myna[pipecat]'``).
+
+Usage::
+
+    from myna.integrations.pipecat import MynaTTSService
+
+    tts = MynaTTSService()                                 # in-process, embedded Piper voice
+    tts = MynaTTSService(url="http://gpu-box:8080")        # a running Myna worker
+    pipeline = Pipeline([..., llm, tts, transport.output(), ...])
+
+How it meets Pipecat's ``TTSService`` contract (pipecat-ai 1.x, ``services/tts_service.py``):
+
+- **Streaming text.** ``text_aggregation_mode=TOKEN`` by default: every LLM token reaches
+  :meth:`run_tts` at once, with the turn's ``context_id`` (one per LLM reply,
+  ``reuse_context_id_within_turn``). The first token opens a Myna turn; later tokens are pushed
+  into it; :meth:`flush_audio` (end of the LLM reply) ends its input. Myna segments words and
+  clauses itself, so tokens may split words anywhere.
+- **Audio as it arrives.** ``run_tts`` yields ``None`` (the WebSocket style of the base class);
+  one receive task per context appends ``TTSAudioRawFrame`` s (s16 mono at
+  :attr:`sample_rate`) and word timestamps (seconds from the context's first audio) to the
+  context's audio queue, then ``TTSStoppedFrame`` and closes the context. The base class
+  pushes ``TTSStartedFrame`` (``push_start_frame=True``) and emits words as ``TTSTextFrame`` s
+  (``push_text_frames=False``).
+- **TTFB.** The base starts TTFB when the context opens (just before the first ``run_tts``) and
+  stops it at the context's first audio frame; :meth:`can_generate_metrics` is True, so with
+  ``PipelineParams(enable_metrics=True)`` a ``MetricsFrame`` with ``TTFBMetricsData`` goes out.
+- **Barge-in.** On ``InterruptionFrame`` the base calls :meth:`on_audio_context_interrupted`
+  for every open context, also one that has produced no audio yet: the Myna turn is cancelled
+  (remote: ``interrupt`` on its WebSocket) and its receive task stopped, so no audio of the old
+  context is appended afterwards; anything late is dropped because the context is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator
+
+from loguru import logger
+from pipecat.frames.frames import CancelFrame, EndFrame, Frame, StartFrame, TTSAudioRawFrame, TTSStoppedFrame
+from pipecat.services.settings import TTSSettings
+from pipecat.services.tts_service import TextAggregationMode, TTSService
+
+from myna.engines import Engine
+from myna.integrations.backend import Audio, Backend, MynaError, Turn, create_backend
+
+
+class MynaTTSService(TTSService):
+    """Pipecat TTS service backed by Myna, in-process or remote.
+
+    Args:
+        engine: a started in-process engine (shared, not closed by the service). None with
+            no ``url``: the service loads the embedded Piper voice at start (~3 s) and owns it.
+        url: a running Myna worker (``http://host:port``); uses ``GET /v1/tts/stream``.
+        engine_name: the worker's engine (remote only; None: its default).
+        voice: voice name (None: the engine's default).
+        sample_rate: output rate in Hz (None: the pipeline's ``audio_out_sample_rate``).
+        text_aggregation_mode: TOKEN (default, lowest latency) or SENTENCE.
+        **kwargs: passed to ``TTSService``.
+    """
+
+    def __init__(
+        self,
+        *,
+        engine: Engine | None = None,
+        url: str | None = None,
+        engine_name: str | None = None,
+        voice: str | None = None,
+        sample_rate: int | None = None,
+        text_aggregation_mode: TextAggregationMode = TextAggregationMode.TOKEN,
+        **kwargs,
+    ):
+        if engine is not None and url is not None:
+            raise ValueError("pass either engine (in-process) or url (remote), not both")
+        model = url is not None and (engine_name or "default") or (engine.name if engine else "piper")
+        super().__init__(
+            text_aggregation_mode=text_aggregation_mode,
+            push_start_frame=True,
+            push_stop_frames=True,
+            push_text_frames=False,
+            sample_rate=sample_rate,
+            settings=TTSSettings(model=model, voice=voice, language=None),
+            **kwargs,
+        )
+        self._engine = engine
+        self._url = url
+        self._engine_name = engine_name
+        self._voice = voice
+        self._backend: Backend | None = None
+        self._turns: dict[str, Turn] = {}
+        self._receivers: dict[str, asyncio.Task] = {}
+
+    def can_generate_metrics(self) -> bool:
+        """True: TTFB (and TTFA) metrics are produced when the pipeline enables metrics."""
+        return True
+
+    @property
+    def supports_processing_metrics(self) -> bool:
+        """False: audio arrives on a receive task, so time spent in ``run_tts`` means nothing."""
+        return False
+
+    # -- lifecycle ------------------------------------------------------------------------
+    async def start(self, frame: StartFrame):
+        """Open the backend at the pipeline's output rate (loads the voice if in-process)."""
+        await super().start(frame)
+        if self._backend is None:
+            self._backend = create_backend(
+                engine=self._engine, url=self._url, engine_name=self._engine_name,
+                voice=self._voice, sample_rate=self.sample_rate,
+            )
+            await self._backend.start()
+
+    async def stop(self, frame: EndFrame):
+        await super().stop(frame)
+        await self._close()
+
+    async def cancel(self, frame: CancelFrame):
+        await super().cancel(frame)
+        await self._close()
+
+    async def _close(self) -> None:
+        for context_id in list(self._turns):
+            await self._drop(context_id)
+        if self._backend is not None:
+            await self._backend.aclose()
+            self._backend = None
+
+    # -- TTSService hooks -----------------------------------------------------------------
+    async def run_tts(self, text: str, context_id: str) -> AsyncGenerator[Frame | None, None]:
+        """Push ``text`` (a token or a sentence) into the context's Myna turn.
+
+        Audio does not come back here: the context's receive task appends it.
+        """
+        try:
+            turn = self._turns.get(context_id)
+            if turn is None:
+                turn = await self._backend.open_turn()
+                self._turns[context_id] = turn
+                self._receivers[context_id] = self.create_task(self._receive(context_id, turn), f"myna-{context_id}")
+            await turn.push_text(text)
+            await self.start_tts_usage_metrics(text)
+        except (MynaError, RuntimeError) as exc:
+            await self.push_error(error_msg=f"Myna TTS: {exc}", exception=exc)
+        yield None
+
+    async def flush_audio(self, context_id: str | None = None):
+        """End of the LLM reply: end the turn's input so its last words are spoken."""
+        turn = self._turns.get(context_id or self.get_active_audio_context_id() or "")
+        if turn is not None:
+            try:
+                await turn.end_input()
+            except MynaError as exc:
+                await self.push_error(error_msg=f"Myna TTS: {exc}", exception=exc)
+
+    async def on_audio_context_interrupted(self, context_id: str):
+        """Barge-in: cancel the context's turn and stop its receive task before it appends more."""
+        await self.cancel_ttfb_metrics()
+        await self._drop(context_id)
+        await super().on_audio_context_interrupted(context_id)
+
+    async def _drop(self, context_id: str) -> None:
+        turn = self._turns.pop(context_id, None)
+        task = self._receivers.pop(context_id, None)
+        if task is not None and task is not asyncio.current_task():
+            await self.cancel_task(task)
+        if turn is not None:
+            await turn.cancel()
+
+    async def _receive(self, context_id: str, turn: Turn) -> None:
+        """Append the turn's audio and words to its audio context, then close the context."""
+        try:
+            async for item in turn:
+                if not self.audio_context_available(context_id) and context_id != self._turn_context_id:
+                    continue  # the context is gone (interrupted, or timed out after its reply): drop it
+                # (A context that timed out mid-reply is recreated by append_to_audio_context.)
+                if isinstance(item, Audio):
+                    frame = TTSAudioRawFrame(item.pcm, self.sample_rate, 1, context_id=context_id)
+                    await self.append_to_audio_context(context_id, frame)
+                else:
+                    await self.add_word_timestamps([(item.word, item.start_s)], context_id)
+        except MynaError as exc:
+            logger.warning(f"{self}: turn for context {context_id} failed: {exc}")
+            await self.push_error(error_msg=f"Myna TTS: {exc}", exception=exc)
+        finally:
+            self._turns.pop(context_id, None)
+            self._receivers.pop(context_id, None)
+        if self.audio_context_available(context_id):
+            await self.append_to_audio_context(context_id, TTSStoppedFrame(context_id=context_id))
+            await self.remove_audio_context(context_id)

@@ -1,0 +1,380 @@
+"""Streaming TTS over a WebSocket: ``GET /v1/tts/stream`` (DESIGN.md §3).
+
+For framework plug-ins and other servers that pace audio themselves. One connection carries
+one :class:`~myna.rtc.session.Session` whose output is a :class:`StreamOutput`: audio leaves as
+soon as the engine has produced it (no pacing, no 20 ms framing), as binary messages of s16le
+mono PCM at the connection's rate, in between the turn's ``turn_started`` and ``turn_done``.
+
+Follow one connection:
+
+1. The worker sends ``{"type": "ready", "engines", "engine", "voice", "sample_rate"}`` at once.
+2. The client may send ``{"type": "config", "engine"?, "voice"?, "sample_rate"?}`` before its
+   first turn; it is answered with a new ``ready`` (or an ``error``, keeping the previous
+   settings). ``sample_rate`` defaults to the engine's native rate (Piper: 22050 Hz).
+3. ``text`` / ``end_turn`` / ``interrupt`` as on the data channel. Turns are sequential: a
+   turn queued behind another gets its ``turn_started`` once the one before it is done, so
+   every binary message belongs to the one turn that is open.
+4. ``interrupt`` drops every turn at once, including audio queued for sending; each dropped
+   turn gets ``turn_done`` with ``"interrupted": true``.
+
+Bad input (bad JSON, a text message over 16 KiB, binary input, an unknown engine or voice, a
+late ``config``) gets an ``error`` event and the connection stays open. Messages over
+:data:`MAX_FRAME_BYTES` close the connection (WebSocket close code 1009). A client that
+disconnects mid-turn has its turns cancelled and the engine streams released.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+
+import numpy as np
+import soxr
+from aiohttp import WSMsgType, web
+
+from myna.audio.onset import first_audible_sample
+from myna.engines import Engine
+from myna.rtc.session import BadMessage, Session, parse_message
+
+log = logging.getLogger(__name__)
+
+PATH = "/v1/tts/stream"
+#: Largest WebSocket frame read at all (bytes); messages the contract accepts are far smaller
+#: (16 KiB, :data:`myna.rtc.session.MAX_MESSAGE_BYTES`) and get an ``error`` event when over it.
+MAX_FRAME_BYTES = 1024 * 1024
+#: Output rates a client may ask for (Hz).
+MIN_RATE, MAX_RATE = 8_000, 96_000
+
+EventSink = Callable[[dict], None]
+
+
+class Outbox:
+    """The connection's ordered outgoing messages (JSON events and PCM), sent by one task.
+
+    Sending never waits on the caller's side: sessions call :meth:`put_event` and
+    :meth:`put_audio` from synchronous code; the writer task drains the queue as fast as the
+    socket takes it.
+    """
+
+    def __init__(self, ws: web.WebSocketResponse):
+        self._ws = ws
+        self._items: deque[str | bytes] = deque()
+        self._wake = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._write())
+
+    def put_event(self, event: dict) -> None:
+        self._items.append(json.dumps(event))
+        self._wake.set()
+
+    def put_audio(self, pcm: bytes) -> None:
+        self._items.append(pcm)
+        self._wake.set()
+
+    def drop_audio(self) -> None:
+        """Forget every PCM message not yet sent (barge-in); events stay in order."""
+        self._items = deque(item for item in self._items if isinstance(item, str))
+
+    async def _write(self) -> None:
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                while self._items:
+                    item = self._items.popleft()
+                    if isinstance(item, str):
+                        await self._ws.send_str(item)
+                    else:
+                        await self._ws.send_bytes(item)
+        except (ConnectionError, RuntimeError) as exc:  # the peer went away mid-send
+            log.debug("tts stream writer stopped: %s", exc)
+
+    async def close(self) -> None:
+        """Stop the writer; what is still queued is dropped."""
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+
+class _StreamTurn:
+    """One turn's not-yet-sent audio (int16 at the output rate) and words."""
+
+    def __init__(self, turn_id: str, text_at: float):
+        self.turn_id = turn_id
+        self.text_at = text_at
+        self.chunks: deque[np.ndarray] = deque()
+        self.words: deque[tuple[int, str]] = deque()  # (sample offset at the output rate, word)
+        self.resampler: soxr.ResampleStream | None = None
+        self.in_rate: int | None = None
+        self.sent = 0  # samples sent
+        self.ended = False
+        self.first_audio_sent = False
+        self.held_start: dict | None = None  # turn_started, held while an earlier turn is open
+
+
+class StreamOutput:
+    """An unpaced :class:`~myna.rtc.session.TurnOutput`: PCM is sent as soon as it exists.
+
+    Turns are sent one after another. The head turn's audio goes straight to the
+    :class:`Outbox`; a later turn's audio is kept until the turns before it are done. Events
+    follow the audio they describe: ``first_audio`` right before the message holding the
+    first audible sample, a ``word`` right after the message holding its first sample,
+    ``turn_done`` after the turn's last message.
+
+    The session's own events (``turn_started``, ``error``, interrupted ``turn_done``) pass
+    through :meth:`announce`, which holds a queued turn's ``turn_started`` until it is the head.
+
+    Args:
+        outbox: the connection's outgoing queue.
+        sample_rate: output rate of the PCM messages (Hz).
+        clock: monotonic clock in seconds (the session's).
+    """
+
+    def __init__(self, outbox: Outbox, sample_rate: int, clock: Callable[[], float] = time.monotonic):
+        self._outbox = outbox
+        self.sample_rate = sample_rate
+        self._clock = clock
+        self._on_event: EventSink = outbox.put_event
+        self._turns: deque[_StreamTurn] = deque()
+        self._by_id: dict[str, _StreamTurn] = {}
+        self._unannounced: dict[str, dict] = {}  # dropped turns whose turn_started was held
+
+    def bind(self, on_event: EventSink) -> "StreamOutput":
+        """Set the sink for this output's events (the session's); returns self (a
+        ``Session(output=...)`` factory)."""
+        self._on_event = on_event
+        return self
+
+    # -- session events -----------------------------------------------------------------
+    def announce(self, event: dict) -> None:
+        """The session's ``send``: events out, with ``turn_started`` kept in turn order."""
+        kind, turn_id = event.get("type"), event.get("turn_id")
+        if kind == "turn_started":
+            turn = self._by_id.get(turn_id)
+            if turn is not None and self._turns[0] is not turn:
+                turn.held_start = event
+                return
+        elif kind == "turn_done" and turn_id in self._unannounced:
+            self._outbox.put_event(self._unannounced.pop(turn_id))
+        self._outbox.put_event(event)
+
+    # -- producer side (TurnOutput) -------------------------------------------------------
+    def begin_turn(self, turn_id: str, text_at: float) -> None:
+        turn = _StreamTurn(turn_id, text_at)
+        self._turns.append(turn)
+        self._by_id[turn_id] = turn
+
+    def push_audio(self, turn_id: str, pcm: np.ndarray, sample_rate: int) -> None:
+        turn = self._by_id.get(turn_id)
+        if turn is None or turn.ended:
+            return
+        self._append(turn, pcm, sample_rate)
+        self._drain()
+
+    def push_word(self, turn_id: str, word: str, start_ms: float) -> None:
+        turn = self._by_id.get(turn_id)
+        if turn is not None:
+            turn.words.append((int(round(start_ms * self.sample_rate / 1000.0)), word))
+            self._drain()
+
+    def end_turn(self, turn_id: str) -> None:
+        turn = self._by_id.get(turn_id)
+        if turn is None or turn.ended:
+            return
+        if turn.resampler is not None:
+            self._append(turn, np.zeros(0, np.float32), turn.in_rate, last=True)
+        turn.ended = True
+        self._drain()
+
+    def interrupt(self) -> list[str]:
+        dropped = [t.turn_id for t in self._turns]
+        for turn in self._turns:
+            if turn.held_start is not None:
+                self._unannounced[turn.turn_id] = turn.held_start
+        self._turns.clear()
+        self._by_id.clear()
+        self._outbox.drop_audio()
+        return dropped
+
+    # -- internals ------------------------------------------------------------------------
+    def _append(self, turn: _StreamTurn, pcm: np.ndarray, sample_rate: int, last: bool = False) -> None:
+        if turn.in_rate is None:
+            turn.in_rate = sample_rate
+            if sample_rate != self.sample_rate:
+                turn.resampler = soxr.ResampleStream(sample_rate, self.sample_rate, 1, dtype="float32", quality="HQ")
+        elif sample_rate != turn.in_rate:
+            raise ValueError(f"sample rate changed within a turn: {turn.in_rate} -> {sample_rate} Hz")
+        x = np.asarray(pcm, dtype=np.float32)
+        if turn.resampler is not None:
+            x = turn.resampler.resample_chunk(x, last=last)
+        if len(x):
+            turn.chunks.append((np.clip(x, -1.0, 1.0) * 32767.0).astype("<i2"))
+
+    def _drain(self) -> None:
+        """Send what the head turn holds; move on to the next turn when it is done."""
+        while self._turns:
+            turn = self._turns[0]
+            if turn.held_start is not None:
+                self._outbox.put_event(turn.held_start)
+                turn.held_start = None
+            while turn.chunks:
+                pcm = turn.chunks.popleft()
+                if not turn.first_audio_sent and first_audible_sample(pcm, self.sample_rate) is not None:
+                    turn.first_audio_sent = True
+                    self._on_event({
+                        "type": "first_audio",
+                        "turn_id": turn.turn_id,
+                        "server_ttfa_ms": round(1000.0 * (self._clock() - turn.text_at), 1),
+                        "pre_roll_ms": 0.0,
+                    })
+                self._outbox.put_audio(pcm.tobytes())
+                turn.sent += len(pcm)
+                self._emit_words(turn, upto=turn.sent)
+            if not turn.ended:
+                return
+            self._turns.popleft()
+            self._by_id.pop(turn.turn_id, None)
+            self._emit_words(turn, upto=float("inf"))
+            self._on_event({
+                "type": "turn_done",
+                "turn_id": turn.turn_id,
+                "audio_ms": round(1000.0 * turn.sent / self.sample_rate, 1),
+                "underruns": 0,
+            })
+
+    def _emit_words(self, turn: _StreamTurn, upto: float) -> None:
+        while turn.words and turn.words[0][0] < upto:
+            offset, word = turn.words.popleft()
+            self._on_event({
+                "type": "word",
+                "turn_id": turn.turn_id,
+                "word": word,
+                "start_ms": round(1000.0 * offset / self.sample_rate, 1),
+            })
+
+
+class StreamConnection:
+    """One ``/v1/tts/stream`` client: its settings, its session and its outbox.
+
+    Args:
+        engines: the worker's loaded engines by name (the first is the default).
+        metrics: the worker's metrics.
+        ws: the prepared WebSocket.
+    """
+
+    def __init__(self, engines: dict[str, Engine], metrics, ws: web.WebSocketResponse):
+        self._engines = engines
+        self._metrics = metrics
+        self._ws = ws
+        self.engine = next(iter(engines.values()))
+        self.voice: str | None = None
+        self.sample_rate = self.engine.sample_rate
+        self.outbox = Outbox(ws)
+        self.session: Session | None = None  # opened by the first turn message
+
+    def ready_event(self) -> dict:
+        return {
+            "type": "ready",
+            "engines": list(self._engines),
+            "engine": self.engine.name,
+            "voice": self.voice,
+            "sample_rate": self.sample_rate,
+        }
+
+    async def run(self) -> None:
+        """Serve the connection until the client closes it."""
+        self.outbox.put_event(self.ready_event())
+        async for msg in self._ws:
+            if msg.type == WSMsgType.TEXT:
+                self.handle_text(msg.data)
+            elif msg.type == WSMsgType.BINARY:
+                self._error("binary_input", "binary messages are not accepted; send JSON text messages")
+            elif msg.type == WSMsgType.ERROR:
+                log.info("tts stream closed with error: %s", self._ws.exception())
+                break
+
+    def handle_text(self, raw: str) -> None:
+        try:
+            msg = parse_message(raw)
+        except BadMessage as exc:
+            self._error(exc.code, exc.message)
+            return
+        if msg["type"] == "config":
+            self._configure(msg)
+            return
+        if self.session is None:
+            output = StreamOutput(self.outbox, self.sample_rate)
+            self.session = Session(
+                engine=self.engine, send=output.announce, metrics=self._metrics, voice=self.voice, output=output.bind
+            )
+        self.session.handle_message(raw)
+
+    def _configure(self, msg: dict) -> None:
+        if self.session is not None:
+            self._error("config_too_late", '"config" must come before the first turn of a connection')
+            return
+        name = msg.get("engine")
+        engine = self.engine
+        if name is not None:
+            if name not in self._engines:
+                self._error("unknown_engine", f"unknown engine {name!r}; loaded: {', '.join(self._engines)}")
+                return
+            engine = self._engines[name]
+        voice = msg.get("voice")
+        if voice is not None and voice not in engine.voices:
+            self._error("unknown_voice", f"{engine.name} has no voice {voice!r}; available: {engine.voices}")
+            return
+        rate = msg.get("sample_rate")
+        if rate is None:
+            rate = engine.sample_rate
+        elif isinstance(rate, bool) or not isinstance(rate, int) or not MIN_RATE <= rate <= MAX_RATE:
+            self._error("bad_config", f'"sample_rate" must be an integer from {MIN_RATE} to {MAX_RATE} (Hz)')
+            return
+        self.engine, self.voice, self.sample_rate = engine, voice, rate
+        self.outbox.put_event(self.ready_event())
+
+    def _error(self, code: str, message: str) -> None:
+        self._metrics.errors.labels(code).inc()
+        self.outbox.put_event({"type": "error", "code": code, "message": message})
+
+    async def close(self) -> None:
+        """Cancel every turn and release the engine streams (idempotent)."""
+        if self.session is not None:
+            await self.session.close()
+        await self.outbox.close()
+
+
+# -- HTTP layer --------------------------------------------------------------------------
+_CONNECTIONS = web.AppKey("tts_stream_connections", set)
+
+
+def add_tts_stream(app: web.Application, worker) -> None:
+    """Register ``GET /v1/tts/stream`` on ``app`` for ``worker`` (a :class:`myna.server.app.Worker`)."""
+    connections: set[web.WebSocketResponse] = set()
+    app[_CONNECTIONS] = connections
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        from myna.server.app import HTTPError
+
+        if not worker.ready:
+            raise HTTPError(503, "not_ready", "the worker is still loading its engines")
+        ws = web.WebSocketResponse(max_msg_size=MAX_FRAME_BYTES)
+        await ws.prepare(request)
+        connections.add(ws)
+        connection = StreamConnection(worker.engines, worker.metrics, ws)
+        try:
+            await connection.run()
+        finally:
+            connections.discard(ws)
+            await connection.close()
+            await ws.close()
+        return ws
+
+    async def close_all(app: web.Application) -> None:
+        for ws in list(connections):
+            await ws.close(code=1001, message=b"worker shutting down")
+
+    app.router.add_get(PATH, handle)
+    app.on_shutdown.append(close_all)

@@ -1,0 +1,109 @@
+"""The LiveKit Agents plug-in through the framework's own stream API (``livekit-agents``).
+
+Both modes: in-process engine and a worker on loopback (``network``: run in the namespace).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import numpy as np
+import pytest
+
+pytest.importorskip("livekit.agents")
+
+from livekit.agents.metrics import TTSMetrics  # noqa: E402
+
+from myna.audio.onset import first_audible_sample  # noqa: E402
+from myna.integrations import livekit as myna_livekit  # noqa: E402
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")  # the engine fixture's loop
+
+FIRST = "Sure, I can help with that."
+SECOND = "Your order ships on Friday."
+
+
+def tokens(text: str) -> list[str]:
+    return re.findall(r"\S+\s*", text)
+
+
+def pcm_of(events) -> np.ndarray:
+    return np.concatenate([np.frombuffer(ev.frame.data, dtype=np.int16) for ev in events])
+
+
+async def test_stream_segments_audio_rate_and_metrics(myna_kwargs):
+    tts = myna_livekit.TTS(**myna_kwargs, sample_rate=24_000)
+    assert tts.capabilities.streaming and tts.sample_rate == 24_000 and tts.num_channels == 1
+    metrics: list[TTSMetrics] = []
+    tts.on("metrics_collected", metrics.append)
+    events = []
+    try:
+        async with tts.stream() as stream:
+            for t in tokens(FIRST):
+                stream.push_text(t)
+            stream.flush()
+            stream.end_input()
+            async with asyncio.timeout(60):
+                async for ev in stream:
+                    events.append(ev)
+        await asyncio.sleep(0)  # let the metrics task publish
+    finally:
+        await tts.aclose()
+    assert events and {ev.frame.sample_rate for ev in events} == {24_000}
+    assert {ev.frame.num_channels for ev in events} == {1}
+    segment_ids = {ev.segment_id for ev in events}
+    assert len(segment_ids) == 1 and "" not in segment_ids
+    assert [ev.is_final for ev in events].count(True) == 1 and events[-1].is_final
+    pcm = pcm_of(events)
+    assert 0.8 < len(pcm) / 24_000 < 5 and first_audible_sample(pcm, 24_000) is not None
+    assert len(metrics) == 1 and 0 < metrics[0].ttfb < 10 and metrics[0].segment_id in segment_ids
+    mode = "remote" if "url" in myna_kwargs else "in-process"
+    print(f"livekit TTFB ({mode}): {metrics[0].ttfb * 1000:.0f} ms")
+
+
+async def test_two_streams_give_two_segments(myna_kwargs):
+    """One stream per segment (the framework's current rule); each gets its own segment id."""
+    tts = myna_livekit.TTS(**myna_kwargs)
+    seen = []
+    try:
+        for text in (FIRST, SECOND):
+            async with tts.stream() as stream:
+                for t in tokens(text):
+                    stream.push_text(t)
+                stream.end_input()
+                seen.append([ev async for ev in stream])
+    finally:
+        await tts.aclose()
+    ids = [{ev.segment_id for ev in events} for events in seen]
+    assert all(len(i) == 1 for i in ids) and ids[0] != ids[1]
+    rate = 24_000 if "url" in myna_kwargs else 22_050  # remote default / Piper's native rate
+    assert {ev.frame.sample_rate for events in seen for ev in events} == {rate}
+
+
+async def test_synthesize_returns_the_whole_utterance(myna_kwargs):
+    tts = myna_livekit.TTS(**myna_kwargs, sample_rate=16_000)
+    try:
+        frame = await asyncio.wait_for(tts.synthesize(SECOND).collect(), 60)
+    finally:
+        await tts.aclose()
+    assert frame.sample_rate == 16_000 and frame.num_channels == 1
+    assert 0.8 < frame.duration < 5
+    assert first_audible_sample(np.frombuffer(frame.data, dtype=np.int16), 16_000) is not None
+
+
+async def test_closing_a_stream_mid_speech_cancels_the_turn_and_the_tts_keeps_working(myna_kwargs):
+    tts = myna_livekit.TTS(**myna_kwargs)
+    try:
+        stream = tts.stream()
+        for t in tokens(" ".join([FIRST, SECOND] * 8)):
+            stream.push_text(t)
+        stream.end_input()
+        async with asyncio.timeout(60):
+            first = await stream.__anext__()
+        assert first.frame.samples_per_channel > 0
+        await stream.aclose()  # barge-in: the framework closes the stream
+        frame = await asyncio.wait_for(tts.synthesize(FIRST).collect(), 60)
+        assert frame.duration > 0.8
+    finally:
+        await tts.aclose()

@@ -1,0 +1,160 @@
+"""The Pipecat plug-in in a real Pipecat pipeline (``pipecat.tests.utils.run_test``).
+
+Both modes: in-process engine and a worker on loopback (``network``: run in the namespace).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import numpy as np
+import pytest
+
+pytest.importorskip("pipecat")
+
+from pipecat.frames.frames import (  # noqa: E402
+    EndFrame,
+    InterruptionFrame,
+    LLMFullResponseEndFrame,
+    LLMFullResponseStartFrame,
+    LLMTextFrame,
+    MetricsFrame,
+    TTSAudioRawFrame,
+    TTSStartedFrame,
+    TTSStoppedFrame,
+    TTSTextFrame,
+)
+from pipecat.metrics.metrics import TTFBMetricsData  # noqa: E402
+from pipecat.pipeline.pipeline import Pipeline  # noqa: E402
+from pipecat.pipeline.worker import PipelineParams, PipelineWorker  # noqa: E402
+from pipecat.processors.frame_processor import FrameDirection, FrameProcessor  # noqa: E402
+from pipecat.tests.utils import run_test  # noqa: E402
+from pipecat.workers.runner import WorkerRunner  # noqa: E402
+
+from myna.audio.onset import first_audible_sample  # noqa: E402
+from myna.integrations.pipecat import MynaTTSService  # noqa: E402
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")  # the engine fixture's loop
+
+RATE = 24_000
+REPLY = "Sure, I can help with that. Your order ships on Friday."
+SECOND = "Thanks for waiting."
+
+
+def llm_reply(text: str) -> list:
+    """An LLM reply as Pipecat streams it: start, token-sized text frames, end."""
+    tokens = re.findall(r"\S+\s*", text)
+    return [LLMFullResponseStartFrame(), *(LLMTextFrame(t) for t in tokens), LLMFullResponseEndFrame()]
+
+
+def words_of(text: str) -> list[str]:
+    return re.sub(r"[^a-z ]", "", text.lower()).split()
+
+
+def pcm_of(frames) -> np.ndarray:
+    return np.frombuffer(b"".join(f.audio for f in frames), dtype="<i2")
+
+
+async def run(service, frames):
+    params = PipelineParams(audio_out_sample_rate=RATE, enable_metrics=True)
+    down, _ = await run_test(service, frames_to_send=frames, pipeline_params=params, start_timeout=15.0)
+    return down
+
+
+async def test_a_streamed_reply_gives_start_audio_words_stop_in_order(myna_kwargs):
+    down = await run(MynaTTSService(**myna_kwargs), llm_reply(REPLY))
+    tts = [f for f in down if isinstance(f, (TTSStartedFrame, TTSAudioRawFrame, TTSStoppedFrame))]
+    assert isinstance(tts[0], TTSStartedFrame) and isinstance(tts[-1], TTSStoppedFrame)
+    audio = [f for f in tts if isinstance(f, TTSAudioRawFrame)]
+    assert len(audio) == len(tts) - 2
+    assert {f.sample_rate for f in audio} == {RATE} and {f.num_channels for f in audio} == {1}
+    assert {f.context_id for f in audio} == {tts[0].context_id}
+    pcm = pcm_of(audio)
+    assert 1.5 < len(pcm) / RATE < 8 and first_audible_sample(pcm, RATE) is not None
+    words = [f for f in down if isinstance(f, TTSTextFrame)]
+    assert [w.text.strip().lower().strip(".,") for w in words] == words_of(REPLY)
+    pts = [w.pts for w in words]
+    assert all(p is not None for p in pts) and pts == sorted(pts) and pts[-1] > pts[0]
+    # (Pipecat reports a zero TTFB at pipeline start; the turn's is the first non-zero one.)
+    ttfb = [d for f in down if isinstance(f, MetricsFrame) for d in f.data if isinstance(d, TTFBMetricsData) and d.value]
+    assert len(ttfb) == 1 and 0 < ttfb[0].value < 10
+    print(f"pipecat TTFB ({'remote' if 'url' in myna_kwargs else 'in-process'}): {ttfb[0].value * 1000:.0f} ms")
+
+
+#: A reply whose first clause (~20 words) takes Piper a while to synthesise.
+SLOW_START = ("Well let me look at the details of your order and the shipping options that we have "
+              "available for you today, " + " ".join([REPLY] * 10))  # ~45 s of speech
+
+
+class Recorder(FrameProcessor):
+    """Pipeline sink: records downstream frames, flags the first TTS start and audio."""
+
+    def __init__(self):
+        super().__init__(enable_direct_mode=True)
+        self.frames: list = []
+        self.started = asyncio.Event()
+        self.audio = asyncio.Event()
+
+    async def process_frame(self, frame, direction):
+        await super().process_frame(frame, direction)
+        if direction == FrameDirection.DOWNSTREAM:
+            self.frames.append(frame)
+            if isinstance(frame, TTSStartedFrame):
+                self.started.set()
+            elif isinstance(frame, TTSAudioRawFrame):
+                self.audio.set()
+        await self.push_frame(frame, direction)
+
+
+@pytest.mark.parametrize("when", ["before_first_audio", "mid_audio"])
+async def test_no_audio_of_the_old_context_after_an_interruption(myna_kwargs, when):
+    """Barge-in once the reply's context is open (before any audio) or once audio flows."""
+    recorder = Recorder()
+    worker = PipelineWorker(Pipeline([MynaTTSService(**myna_kwargs), recorder]), cancel_on_idle_timeout=False,
+                            params=PipelineParams(audio_out_sample_rate=RATE))
+    running = asyncio.Event()
+
+    @worker.event_handler("on_pipeline_started")
+    async def _started(worker, frame):
+        running.set()
+
+    async def drive():
+        await asyncio.wait_for(running.wait(), 15)
+        for frame in llm_reply(SLOW_START):
+            await worker.queue_frame(frame)
+        await asyncio.wait_for((recorder.started if when == "before_first_audio" else recorder.audio).wait(), 30)
+        await worker.queue_frame(InterruptionFrame())
+        await asyncio.sleep(0.5)
+        for frame in llm_reply(SECOND):
+            await worker.queue_frame(frame)
+        await worker.queue_frame(EndFrame())
+
+    runner = WorkerRunner()
+    await runner.add_workers(worker)
+    await asyncio.wait_for(asyncio.gather(runner.run(), drive()), 120)
+
+    down = recorder.frames
+    cut = next(i for i, f in enumerate(down) if isinstance(f, InterruptionFrame))
+    starts = [f for f in down if isinstance(f, TTSStartedFrame)]
+    assert len(starts) == 2 and down.index(starts[0]) < cut < down.index(starts[1])
+    old, new = starts[0].context_id, starts[1].context_id
+    after = [f for f in down[cut:] if isinstance(f, TTSAudioRawFrame)]
+    assert after and all(f.context_id == new for f in after)
+    assert 0.5 < len(pcm_of(after)) / RATE < 4  # the second reply, whole
+    before = [f for f in down[:cut] if isinstance(f, TTSAudioRawFrame)]
+    assert all(f.context_id == old for f in before)
+    if when == "before_first_audio":
+        assert not before
+    else:
+        assert before and len(pcm_of(before)) / RATE < 30  # cut short (audio is not paced here)
+
+
+async def test_a_speak_frame_is_spoken_as_its_own_context(myna_kwargs):
+    from pipecat.frames.frames import TTSSpeakFrame
+
+    down = await run(MynaTTSService(**myna_kwargs), [TTSSpeakFrame(SECOND)])
+    kinds = [type(f) for f in down if isinstance(f, (TTSStartedFrame, TTSAudioRawFrame, TTSStoppedFrame))]
+    assert kinds[0] is TTSStartedFrame and kinds[-1] is TTSStoppedFrame and TTSAudioRawFrame in kinds
+    words = [f.text.strip().lower().strip(".") for f in down if isinstance(f, TTSTextFrame)]
+    assert words == words_of(SECOND)
