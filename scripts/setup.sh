@@ -20,7 +20,7 @@ if [ "$mode" = dev ]; then
   echo "setup: installing myna with its test extras and the framework plug-ins"
   pip install -e ".[dev,pipecat,livekit]"
   # The DSM reference implementation is a test oracle only: no dependencies of its own pins.
-  pip install --no-deps "moshi==0.2.13"
+  pip install --no-deps "moshi==0.2.13"   # its imports (einops, sphn, huggingface-hub) are dev extras
   missing=()
   command -v chromium >/dev/null || missing+=(chromium)    # browser tests
   command -v ip >/dev/null || missing+=(iproute2)          # the loopback-only test namespace

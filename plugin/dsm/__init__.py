@@ -1,0 +1,18 @@
+"""Our PyTorch port of Kyutai's delayed-streams-modeling (DSM) TTS (``shared/research/dsm_spec.md``).
+
+- :func:`load` reads a released checkpoint (``kyutai/tts-1.6b-en_fr`` layout) into a :class:`DSMTTS`;
+- :meth:`DSMTTS.synthesize` turns text and a voice into 24 kHz PCM;
+- :mod:`myna.dsm.frame` holds the batched per-step functions the streaming frame loop is built on;
+- :func:`build_tiny_checkpoint` writes a tiny random checkpoint in the released layout.
+
+Modules: ``config`` (sizes and presets), ``checkpoint`` (loading), ``layers`` (norms, RoPE, FFN,
+ring KV cache), ``lm`` (embeddings, temporal transformer), ``depformer``, ``conditioners``,
+``voice``, ``sampling``, ``state_machine`` (text side), ``frame`` (one step), ``mimi`` (decoder),
+``tts`` (synthesis), ``tiny``.
+"""
+
+from .config import DSMConfig, MimiConfig
+from .tiny import build_tiny_checkpoint
+from .tts import DSMTTS, SynthesisResult, load
+
+__all__ = ["DSMConfig", "DSMTTS", "MimiConfig", "SynthesisResult", "build_tiny_checkpoint", "load"]

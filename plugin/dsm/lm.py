@@ -1,0 +1,319 @@
+"""The DSM language model (dsm_spec §1.3, §2.1, §2.4): input embeddings (audio, demuxed text),
+the temporal transformer (fp32 RMSNorm, interleaved RoPE, self-attention over a ring KV cache,
+cross-attention to the voice in every layer, gated SiLU FFN), the text head, and the depformer's
+inputs and heads.
+
+:class:`DSMLM` owns every tensor of the LM checkpoint under its released name, so loading is a
+plain state-dict copy. Streaming state lives in :class:`TemporalState`, created once per batch
+and passed to :meth:`DSMLM.forward_text`; nothing in a step allocates per-step state or branches
+on Python ints, so a step is capturable as a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .conditioners import ConditionProvider
+from .config import DSMConfig
+from .depformer import Depformer
+from .layers import (GatedFFN, RMSNorm, RingKVCache, apply_rope, attention, merge_heads,
+                     positional_mask, split_heads)
+
+
+def embed(weight: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Embedding lookup where token −1 gives exactly 0 (§2.1). tokens: int64 [...] → [..., dim]."""
+    y = F.embedding(tokens.clamp(min=0), weight)
+    return torch.where((tokens == -1)[..., None], torch.zeros((), dtype=y.dtype, device=y.device), y)
+
+
+class LowRankEmbedding(nn.Module):
+    """Depformer audio input: 128-d lookup (−1 → 0), then ``low_rank`` Linear to the depformer width."""
+
+    def __init__(self, num: int, rank: int | None, dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(num, rank or dim))
+        self.low_rank = nn.Linear(rank, dim, bias=False) if rank else None
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        y = embed(self.weight, tokens)
+        return self.low_rank(y) if self.low_rank is not None else y
+
+
+class DemuxEmbedding(nn.Module):
+    """Text embedding of the muxed stream v = (second + 1)·card + main (§2.1):
+    ``out1(E[v mod card]) + out2(E[v div card − 1])`` (second term 0 when second = −1), 0 when v = −1.
+    Without demux it is a plain lookup (−1 → 0)."""
+
+    def __init__(self, num: int, emb_dim: int, out_dim: int, demux: bool):
+        super().__init__()
+        self.num = num
+        self.weight = nn.Parameter(torch.zeros(num, emb_dim))
+        self.demux = demux
+        if demux:
+            self.out1 = nn.Linear(emb_dim, out_dim, bias=False)
+            self.out2 = nn.Linear(emb_dim, out_dim, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if not self.demux:
+            return embed(self.weight, tokens)
+        is_zero = (tokens == -1)[..., None]
+        t = tokens.clamp(min=0)
+        left = F.embedding(t % self.num, self.weight)
+        right = t // self.num - 1
+        right_emb = self.out2(F.embedding(right.clamp(min=0), self.weight))
+        zero = torch.zeros((), dtype=right_emb.dtype, device=right_emb.device)
+        y = self.out1(left) + torch.where((right < 0)[..., None], zero, right_emb)
+        return torch.where(is_zero, zero, y)
+
+
+class Attention(nn.Module):
+    """Projections of one attention block: ``in_projs.0`` [3·dim, dim] (rows q; k; v), ``out_projs.0``."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.in_projs = nn.ModuleList([nn.Linear(dim, 3 * dim, bias=False)])
+        self.out_projs = nn.ModuleList([nn.Linear(dim, dim, bias=False)])
+
+
+class TemporalLayer(nn.Module):
+    """Pre-norm layer: x += SA(RMS1(x)); x += CA(LN_cross(x), voice); x += FFN(RMS2(x)) (§2.4)."""
+
+    def __init__(self, cfg: DSMConfig):
+        super().__init__()
+        self.n_heads, self.context, self.max_period = cfg.num_heads, cfg.context, cfg.max_period
+        self.norm1 = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.self_attn = Attention(cfg.dim)
+        if cfg.cross_attention:
+            self.norm_cross = nn.LayerNorm(cfg.dim, eps=1e-5)
+            self.cross_attention = Attention(cfg.dim)
+        self.norm2 = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.gating = GatedFFN(cfg.dim, cfg.ff_hidden)
+        self.has_cross = cfg.cross_attention
+
+    def cross_kv(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cross-attention keys and values of a voice: src [B, S, dim] → k, v [B, H, S, Dh] (§3)."""
+        w = self.cross_attention.in_projs[0].weight
+        d = w.shape[0] // 3
+        kv = F.linear(src, w[d:])
+        k, v = kv.chunk(2, dim=-1)
+        return split_heads(k, self.n_heads), split_heads(v, self.n_heads)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: RingKVCache | None,
+                cross: tuple[torch.Tensor, torch.Tensor] | None,
+                exec_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, T, dim], pos int64 [B, T] absolute positions. With a cache, the new keys are
+        written to it and attention reads the whole ring; without, attention is over x itself."""
+        h = self.norm1(x)
+        q, k, v = (split_heads(t, self.n_heads) for t in self.self_attn.in_projs[0](h).chunk(3, dim=-1))
+        q, k = apply_rope(q, k, pos, self.max_period)
+        if cache is None:
+            k_pos = pos
+        else:
+            cache.write(k, v, pos, exec_mask)
+            k, v, k_pos = cache.k, cache.v, cache.positions
+        a = attention(q, k, v, positional_mask(pos, k_pos, self.context))
+        x = x + self.self_attn.out_projs[0](merge_heads(a))
+        if self.has_cross:
+            assert cross is not None, "this model has cross-attention: a voice (cross source) is required"
+            h = self.norm_cross(x)
+            w = self.cross_attention.in_projs[0].weight
+            q = split_heads(F.linear(h, w[: w.shape[0] // 3]), self.n_heads)
+            a = attention(q, cross[0], cross[1], None)
+            x = x + self.cross_attention.out_projs[0](merge_heads(a))
+        return x + self.gating(self.norm2(x))
+
+
+class Transformer(nn.Module):
+    """``transformer.layers``."""
+
+    def __init__(self, cfg: DSMConfig):
+        super().__init__()
+        self.layers = nn.ModuleList([TemporalLayer(cfg) for _ in range(cfg.num_layers)])
+
+
+class TemporalState(nn.Module):
+    """Streaming state of the temporal transformer for B slots (§5), created once per batch.
+
+    Buffers: ``offset`` int64 [B] (next position), ``exec_mask`` bool [B] (false freezes a slot),
+    ``cond_sum`` [B, 1, dim] (LM dtype), ``cross_k``/``cross_v`` [L, B, H, S, Dh] (LM dtype), and one
+    :class:`RingKVCache` per layer. :meth:`reset` and :meth:`set_conditions` act on the slots
+    selected by a mask or index, in place.
+    """
+
+    def __init__(self, cfg: DSMConfig, batch_size: int, device: torch.device | str, dtype: torch.dtype,
+                 cross_len: int = 0):
+        super().__init__()
+        self.batch_size = batch_size
+        self.caches = nn.ModuleList([
+            RingKVCache(batch_size, cfg.num_heads, cfg.context, cfg.head_dim, device, dtype)
+            for _ in range(cfg.num_layers)])
+        self.register_buffer("offset", torch.zeros(batch_size, dtype=torch.long, device=device), persistent=False)
+        self.register_buffer("exec_mask", torch.ones(batch_size, dtype=torch.bool, device=device), persistent=False)
+        self.register_buffer("cond_sum", torch.zeros(batch_size, 1, cfg.dim, device=device, dtype=dtype),
+                             persistent=False)
+        self.has_cross = cfg.cross_attention
+        if cfg.cross_attention:
+            shape = (cfg.num_layers, batch_size, cfg.num_heads, cross_len, cfg.head_dim)
+            self.register_buffer("cross_k", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
+            self.register_buffer("cross_v", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
+
+    def reset(self, mask: torch.Tensor) -> None:
+        """Restart the slots where ``mask`` (bool [B]) is true: position 0, empty caches, running."""
+        self.offset.masked_fill_(mask, 0)
+        self.exec_mask.masked_fill_(mask, True)
+        for cache in self.caches:
+            cache.reset(mask)
+
+
+class DSMLM(nn.Module):
+    """The whole LM checkpoint (§1.3): ``emb``, ``text_emb``, ``transformer``, ``out_norm``,
+    ``text_linear``, ``depformer_in``, ``depformer_emb``, ``depformer_text_emb``, ``depformer``,
+    ``linears`` and ``condition_provider`` (kept in fp32)."""
+
+    def __init__(self, cfg: DSMConfig):
+        super().__init__()
+        self.cfg = cfg
+        d, dd = cfg.dim, cfg.depformer_dim
+        self.emb = nn.ModuleList([nn.Embedding(cfg.card + 1, d) for _ in range(cfg.n_q)])
+        self.text_emb = DemuxEmbedding(cfg.text_in_card, d, d, cfg.demux_second_stream)
+        self.transformer = Transformer(cfg)
+        self.out_norm = RMSNorm(d, cfg.norm_eps)
+        self.text_linear = nn.Linear(d, cfg.text_out_card, bias=False)
+        self.depformer_in = nn.ModuleList([nn.Linear(d, dd, bias=False) for _ in range(cfg.n_slots)])
+        rank = cfg.depformer_low_rank_embeddings
+        self.depformer_emb = nn.ModuleList([LowRankEmbedding(cfg.card + 1, rank, dd) for _ in range(cfg.dep_q - 1)])
+        self.depformer_text_emb = DemuxEmbedding(cfg.text_in_card, rank or dd, dd, cfg.demux_second_stream)
+        self.depformer = Depformer(dd, cfg.depformer_num_heads, cfg.depformer_num_layers, cfg.dep_ff_hidden,
+                                   cfg.n_slots, cfg.norm_eps)
+        self.linears = nn.ModuleList([nn.Linear(dd, cfg.card, bias=False) for _ in range(cfg.dep_q)])
+        self.condition_provider = (ConditionProvider(cfg.conditioners, cfg.fuser, d)
+                                   if cfg.conditioners else None)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The LM dtype (bf16 on GPU); the conditioners stay fp32."""
+        return self.text_linear.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.text_linear.weight.device
+
+    # ----------------------------------------------------------------- embeddings
+
+    def embed_inputs(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Input embedding of the 1 + n_q streams (§2.4 step 2), in this order:
+        emb0(a0) + … + emb_{n−1}(a_{n−1}) + text_emb(text). tokens int64 [B, K, T] → [B, T, dim]."""
+        x = None
+        for i, emb in enumerate(self.emb):
+            e = embed(emb.weight, tokens[:, i + 1])
+            x = e if x is None else x + e
+        t = self.text_emb(tokens[:, 0])
+        return t if x is None else x + t
+
+    # ----------------------------------------------------------------- temporal
+
+    def new_state(self, batch_size: int, cross_len: int = 0) -> TemporalState:
+        """A fresh :class:`TemporalState` for ``batch_size`` slots on this model's device/dtype.
+        ``cross_len`` is the cross-attention source length (max_speakers·125 for 1.6b)."""
+        return TemporalState(self.cfg, batch_size, self.device, self.dtype, cross_len)
+
+    @torch.no_grad()
+    def set_conditions(self, state: TemporalState, index: torch.Tensor | slice,
+                       cond_sum: torch.Tensor | None, cross: torch.Tensor | None) -> None:
+        """Install conditions for the slots ``index``: cond_sum [b, 1, dim] and the cross source
+        [b, S, dim] (any float dtype, cast to the LM dtype); cross K/V are computed once here (§3)."""
+        if cond_sum is not None:
+            state.cond_sum[index] = cond_sum.to(state.cond_sum.dtype)
+        if self.cfg.cross_attention:
+            if cross is None:
+                raise ValueError("this model has cross-attention and needs a cross source (a voice)")
+            src = cross.to(self.device, self.dtype)
+            for i, layer in enumerate(self.transformer.layers):
+                k, v = layer.cross_kv(src)
+                state.cross_k[i, index] = k
+                state.cross_v[i, index] = v
+
+    def forward_text(self, state: TemporalState, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One temporal step for B slots (§2.4 steps 2–3). tokens int64 [B, 1 + n_q] (text first).
+
+        Returns (h [B, 1, dim] normalised transformer output in the LM dtype, text logits fp32
+        [B, text_out_card]). Advances ``state.offset`` where ``state.exec_mask``."""
+        x = self.embed_inputs(tokens[:, :, None])
+        if self.condition_provider is not None and self.condition_provider.sum_names:
+            x = x + state.cond_sum.to(x)
+        pos = state.offset[:, None]
+        for i, layer in enumerate(self.transformer.layers):
+            cross = (state.cross_k[i], state.cross_v[i]) if state.has_cross else None
+            x = layer(x, pos, state.caches[i], cross, state.exec_mask)
+        h = self.out_norm(x)
+        logits = self.text_linear(h)[:, 0].float()
+        state.offset.copy_(torch.where(state.exec_mask, state.offset + 1, state.offset))
+        return h, logits
+
+    def forward_sequence(self, tokens: torch.Tensor, cond_sum: torch.Tensor | None = None,
+                         cross: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Temporal transformer over a whole sequence without cache (teacher forcing).
+        tokens int64 [B, K, T] (already delayed) → (h [B, T, dim], text logits [B, T, V] fp32)."""
+        B, _, T = tokens.shape
+        x = self.embed_inputs(tokens)
+        if cond_sum is not None:
+            x = x + cond_sum.to(x)
+        pos = torch.arange(T, device=tokens.device).expand(B, T)
+        src = cross.to(x) if cross is not None else None
+        for layer in self.transformer.layers:
+            kv = layer.cross_kv(src) if src is not None and layer.has_cross else None
+            x = layer(x, pos, None, kv)
+        h = self.out_norm(x)
+        return h, self.text_linear(h).float()
+
+    # ----------------------------------------------------------------- depformer
+
+    def depformer_input(self, k: int, prev: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """Depformer input of codebook k (§2.4 step 5): depformer_in[schedule[k]](h) + the embedding
+        of the previous token (the muxed text token for k = 0). prev int64 [...], h [..., dim]."""
+        x = self.depformer_in[self.cfg.schedule[k]](h)
+        e = self.depformer_text_emb(prev) if k == 0 else self.depformer_emb[k - 1](prev)
+        return x + e
+
+    def depformer_logits(self, k: int, prev: torch.Tensor, h: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
+        """Logits of codebook k for B slots: prev int64 [B], h [B, 1, dim], cache from
+        ``self.depformer.new_cache``. Returns fp32 [B, card]."""
+        x = self.depformer_input(k, prev[:, None], h)
+        y = self.depformer.step(x, k, self.cfg.schedule[k], cache)
+        return self.linears[k](y)[:, 0].float()
+
+    def forward_depformer(self, tokens: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced depformer over all frames: tokens int64 [B, K, T] (the step-t inputs:
+        muxed text then codebooks 0..n_q−2), h [B, T, dim] → logits fp32 [B, n_q, T, card]."""
+        B, _, T = tokens.shape
+        xs = [self.depformer_input(k, tokens[:, k], h) for k in range(self.cfg.dep_q)]
+        x = torch.stack(xs, dim=2).reshape(B * T, self.cfg.dep_q, -1)
+        y = self.depformer(x, self.cfg.schedule)
+        logits = [self.linears[k](y[:, k]).view(B, T, -1) for k in range(self.cfg.dep_q)]
+        return torch.stack(logits, dim=1).float()
+
+    def forward(self, codes: torch.Tensor, cond_sum: torch.Tensor | None = None,
+                cross: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Teacher-forced forward on aligned codes int64 [B, 1 + n_q, T] (text first): applies the
+        delays, runs both transformers, and realigns. Returns (audio logits [B, n_q, T, card],
+        text logits [B, 1, T, V]), fp32, NaN where a delay leaves no prediction."""
+        cfg = self.cfg
+        B, K, T = codes.shape
+        initial = torch.tensor([cfg.text_card] + [cfg.card] * cfg.n_q, device=codes.device)
+        delayed = torch.empty(B, K, T + 1, dtype=torch.long, device=codes.device)
+        delayed[:, :, 0] = initial
+        for k, d in enumerate(cfg.delays):
+            delayed[:, k, 1:1 + d] = initial[k]
+            delayed[:, k, 1 + d:] = codes[:, k, :T - d]
+        h, text_logits = self.forward_sequence(delayed[:, :, :-1], cond_sum, cross)
+        logits = self.forward_depformer(delayed[:, :, 1:], h)
+        out = torch.full_like(logits, float("nan"))
+        for q in range(cfg.dep_q):
+            d = cfg.delays[q + 1]
+            out[:, q, :T - d] = logits[:, q, d:]
+        text = torch.full_like(text_logits, float("nan"))
+        d0 = cfg.delays[0]
+        text[:, :T - d0] = text_logits[:, d0:]
+        return out, text[:, None]
