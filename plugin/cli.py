@@ -20,16 +20,44 @@ log = logging.getLogger("myna")
 DEFAULT_PORT = 8080
 
 
-def _engines(names: str) -> dict:
+DEFAULT_ENGINES = "piper,piper-sentence,piper-whole"
+
+
+def _engines(names: str, dsm: dict | None = None) -> dict:
+    """Engines by name; ``dsm`` holds the DSM engine's options (see :func:`_dsm_options`)."""
     from myna.engines import ENGINE_NAMES
-    from myna.engines.piper import PiperEngine
+    from myna.engines.piper import VARIANT_NAMES, PiperEngine
 
     engines = {}
+    piper = None  # the Piper variants share one loaded voice and its threads
     for name in (n.strip() for n in names.split(",") if n.strip()):
         if name not in ENGINE_NAMES:
             raise SystemExit(f"myna: unknown engine {name!r} (available: {', '.join(ENGINE_NAMES)})")
-        engines[name] = PiperEngine()
+        if name in VARIANT_NAMES:
+            piper = piper or PiperEngine()
+            engines[name] = piper if name == "piper" else piper.variant(name, VARIANT_NAMES[name])
+        elif name == "dsm":
+            from myna.engines.dsm import DSMEngine
+
+            if not (dsm or {}).get("checkpoint"):
+                raise SystemExit("myna: the dsm engine needs --dsm-checkpoint PATH_OR_REPO")
+            engines[name] = DSMEngine(**dsm)
     return engines
+
+
+def _add_dsm_options(p, voice: bool = True) -> None:
+    g = p.add_argument_group("dsm engine")
+    g.add_argument("--dsm-checkpoint", metavar="PATH_OR_REPO", help="DSM TTS checkpoint folder or Hugging Face repo id")
+    if voice:
+        g.add_argument("--voice", dest="dsm_voice", metavar="PATH", help="DSM voice file (.safetensors, speaker_wavs)")
+    g.add_argument("--n-q", type=int, default=32, help="codebooks generated (default: %(default)s; clamped to the model's)")
+    g.add_argument("--guidance", default=None, metavar="VALUE",
+                   help="CFG-distilled guidance value, e.g. 2.0 (default: the model's)")
+
+
+def _dsm_options(args: argparse.Namespace, voice: str | None = None) -> dict:
+    return {"checkpoint": args.dsm_checkpoint, "voice": voice or getattr(args, "dsm_voice", None),
+            "n_q": args.n_q, "guidance": args.guidance}
 
 
 # -- serve --------------------------------------------------------------------------------
@@ -38,12 +66,15 @@ def _add_serve(sub) -> None:
                        description="Run the worker: WebRTC signaling, the latency page, /healthz and /metrics.")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s; a loopback address also turns on loopback ICE candidates)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help="TCP port (default: %(default)s)")
-    p.add_argument("--engine", default="piper", help="engines to load, comma-separated; the first is the default (default: %(default)s)")
+    p.add_argument("--engine", default=DEFAULT_ENGINES,
+                   help="engines to load, comma-separated; the first is the default (default: %(default)s; "
+                        "the piper-* strategies share one loaded voice)")
     p.add_argument("--ice-server", action="append", default=[], metavar="URL",
                    help="opt-in STUN/TURN server URL (repeatable); none by default, so nothing leaves the host")
     p.add_argument("--ice-loopback", action="store_true", help="offer 127.0.0.1 as an ICE candidate even when binding elsewhere")
     p.add_argument("--peer-timeout", type=float, default=10.0, help="seconds to detect a peer that stopped answering (default: %(default)s)")
     p.add_argument("--connect-timeout", type=float, default=30.0, help="seconds a new peer may take to connect (default: %(default)s)")
+    _add_dsm_options(p)
     p.set_defaults(func=_serve)
 
 
@@ -54,7 +85,7 @@ def _serve(args: argparse.Namespace) -> int:
     if args.ice_loopback or is_loopback_host(args.host):
         enable_loopback_candidates()
     set_peer_timeout(args.peer_timeout)
-    worker = Worker(engines=_engines(args.engine), ice_servers=args.ice_server, connect_timeout=args.connect_timeout)
+    worker = Worker(engines=_engines(args.engine, _dsm_options(args)), ice_servers=args.ice_server, connect_timeout=args.connect_timeout)
     return asyncio.run(_run_server(create_app(worker), worker, args.host, args.port))
 
 
@@ -100,6 +131,7 @@ def _add_say(sub) -> None:
     p.add_argument("--voice", default=None, help="voice name (default: the engine's)")
     p.add_argument("--token-rate", type=float, default=30.0,
                    help="tokens per second when streaming to a worker, like an LLM (0: all at once; default: %(default)s)")
+    _add_dsm_options(p, voice=False)
     p.set_defaults(func=_say)
 
 
@@ -132,7 +164,11 @@ async def _say_remote(args: argparse.Namespace) -> int:
 async def _say_local(args: argparse.Namespace) -> int:
     from myna.engines import AudioChunk
 
-    engine = _engines(args.engine or "piper")[args.engine or "piper"]
+    name = args.engine or "piper"
+    dsm_voice = args.voice if name == "dsm" and args.voice and Path(args.voice).is_file() else None
+    engine = _engines(name, _dsm_options(args, dsm_voice))[name]
+    if dsm_voice:
+        args.voice = None  # a DSM voice file is the engine's default voice, not a voice name
     print(f"loading {engine.name} ...", flush=True)
     await engine.start()
     try:

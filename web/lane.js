@@ -105,6 +105,13 @@ export class Lane extends EventTarget {
     this.current = null; // the turn being sent or spoken
     this.timers = [];
     this.ready = null;
+    this.muted = !!options.muted; // a race plays one lane aloud; the others still decode (muted)
+  }
+
+  /** Mute or unmute this lane's playback. A muted lane is still decoded and measured. */
+  setMuted(muted) {
+    this.muted = !!muted;
+    if (this.audio) this.audio.muted = this.muted;
   }
 
   _emit(type, detail) {
@@ -181,6 +188,7 @@ export class Lane extends EventTarget {
     // only listens (it outputs silence).
     const audio = document.createElement("audio");
     audio.autoplay = true;
+    audio.muted = this.muted;
     audio.srcObject = stream;
     audio.dataset.lane = this.label;
     audio.hidden = true;

@@ -4,5 +4,7 @@ from myna.engines.base import AudioChunk, Engine, EngineError, StreamItem, Synth
 
 __all__ = ["AudioChunk", "Engine", "EngineError", "StreamItem", "SynthesisStream", "WordEvent", "ENGINE_NAMES"]
 
-#: Engines a worker can load, by the name clients select.
-ENGINE_NAMES = ("piper",)
+#: Engines a worker can load, by the name clients select. ``piper-sentence`` and ``piper-whole``
+#: are other streaming strategies on the same loaded Piper voice (see myna.engines.piper); ``dsm``
+#: is the DSM frame loop (myna.engines.dsm; needs ``--dsm-checkpoint``).
+ENGINE_NAMES = ("piper", "piper-sentence", "piper-whole", "dsm")

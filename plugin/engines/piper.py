@@ -10,6 +10,11 @@ Streaming: Piper is not autoregressive, so the unit of streaming is a clause. Wo
 :class:`myna.text.ClauseChunker`; each clause is synthesised as soon as it is complete, on the
 engine's worker threads (one intra-op thread each, so the pacer keeps a core; DESIGN.md §2),
 while the previous clause plays.
+
+Strategies: the same loaded voice and threads also serve as ``piper-sentence`` (a unit ends only
+at ``. ! ? …``) and ``piper-whole`` (the whole reply is one unit, synthesised at ``end_turn``,
+as a non-streaming pipeline would), see :meth:`PiperEngine.variant` and :data:`STRATEGIES`. The
+latency race (``/`` and ``myna bench ttfa``) compares them side by side.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import asyncio
 import json
 import logging
 import os
+import threading
+import time
 from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,6 +33,7 @@ import numpy as np
 
 from myna.engines.base import AudioChunk, Engine, EngineError, SynthesisStream, WordEvent
 from myna.text import ClauseChunker
+from myna.text.normalise import has_speech
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +97,75 @@ class FairExecutor:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
+_SENTENCE_END = ".!?…"
+_CLOSERS = "\"'”’)]}*_"
+
+
+class SentenceChunker:
+    """Like :class:`ClauseChunker`, but a unit ends only at a sentence end (``. ! ? …``).
+
+    A unit also ends after ``max_words`` words or ``max_chars`` characters without one (at a
+    word boundary), so a reply without punctuation cannot hold a thread forever.
+    """
+
+    def __init__(self, max_words: int = 60, max_chars: int = 480) -> None:
+        self.max_words, self.max_chars = max_words, max_chars
+        self._words: list[str] = []
+        self._chars = 0
+
+    def push(self, word: str) -> list[str]:
+        units = []
+        for w in word.split():
+            self._words.append(w)
+            self._chars += len(w) + 1
+            core = w.rstrip(_CLOSERS)
+            at_end = bool(core) and core[-1] in _SENTENCE_END and not _is_abbreviation(w)
+            if at_end or len(self._words) >= self.max_words or self._chars >= self.max_chars:
+                units += self.flush()
+        return units
+
+    def flush(self) -> list[str]:
+        unit, self._words, self._chars = " ".join(self._words), [], 0
+        return [unit] if has_speech(unit) else []
+
+
+class WholeChunker(SentenceChunker):
+    """The whole reply is one unit, returned at the end of the turn (a non-streaming pipeline).
+
+    Capped at ``max_chars`` characters per unit (at a word boundary) so one turn cannot hold a
+    synthesis thread without bound; a normal reply is far shorter.
+    """
+
+    def __init__(self, max_chars: int = 4000) -> None:
+        super().__init__(max_words=10**9, max_chars=max_chars)
+
+    def push(self, word: str) -> list[str]:
+        units = []
+        for w in word.split():
+            self._words.append(w)
+            self._chars += len(w) + 1
+            if self._chars >= self.max_chars:
+                units += self.flush()
+        return units
+
+
+def _is_abbreviation(word: str) -> bool:
+    from myna.text.segment import _ABBREVIATIONS  # the clause chunker's list ("Dr." ends nothing)
+
+    return word.lower() in _ABBREVIATIONS
+
+
+#: Streaming strategies: the unit of synthesis → a chunker factory and a description.
+STRATEGIES = {
+    "clause": (ClauseChunker, "by clause: a unit ends at , ; : . ! ? … —"),
+    "sentence": (SentenceChunker, "by sentence: a unit ends at . ! ? …"),
+    "whole": (WholeChunker, "whole reply: one unit, synthesised at end_turn"),
+}
+
+#: Engine names of the strategies, as ``myna serve`` registers them (the first is the default).
+VARIANT_NAMES = {"piper": "clause", "piper-sentence": "sentence", "piper-whole": "whole"}
+
+
 class PiperEngine(Engine):
     """The ``piper`` engine.
 
@@ -112,6 +189,31 @@ class PiperEngine(Engine):
             self.sample_rate = int(json.load(f)["audio"]["sample_rate"])
         self._executor = FairExecutor(workers or default_workers(), thread_name_prefix="piper")
         self._voice = None
+        self.strategy = "clause"
+        self._starting: asyncio.Task | None = None
+        self._closed = False
+        # Synthesis counters for benchmarks (RTF): see :meth:`compute_stats`.
+        self._stats_lock = threading.Lock()
+        self._running = 0
+        self._busy_since = 0.0
+        self._stats = {"busy_s": 0.0, "compute_s": 0.0, "audio_s": 0.0, "units": 0}
+
+    def variant(self, name: str, strategy: str) -> "PiperVariant":
+        """A light engine called ``name`` that streams by ``strategy`` (a key of
+        :data:`STRATEGIES`) on this engine's loaded voice and threads."""
+        if strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
+        return PiperVariant(self, name, strategy)
+
+    def compute_stats(self) -> dict:
+        """Cumulative synthesis counters since start-up: ``busy_s`` (wall seconds with at least
+        one synthesis running), ``compute_s`` (thread seconds), ``audio_s`` (seconds of audio
+        produced) and ``units``. RTF over an interval is Δbusy_s / Δaudio_s."""
+        with self._stats_lock:
+            stats = dict(self._stats)
+            if self._running:
+                stats["busy_s"] += time.perf_counter() - self._busy_since
+        return stats
 
     @property
     def voices(self) -> list[str]:
@@ -119,7 +221,13 @@ class PiperEngine(Engine):
         return [self.voice_name, "default"]
 
     async def start(self) -> None:
-        """Load the voice on a worker thread and synthesise once to warm up."""
+        """Load the voice on a worker thread and synthesise once to warm up (once, however
+        many variants share this engine)."""
+        if self._starting is None:
+            self._starting = asyncio.ensure_future(self._start())
+        await asyncio.shield(self._starting)
+
+    async def _start(self) -> None:
         await self._executor.run(None, self._load)
         await self._executor.run(None, self.synthesize_clause, "Ready.")
 
@@ -143,14 +251,16 @@ class PiperEngine(Engine):
         log.info("piper voice %s loaded (%d Hz)", self.voice_name, self.sample_rate)
 
     async def close(self) -> None:
-        self._executor.shutdown()
+        if not self._closed:
+            self._closed = True
+            self._executor.shutdown()
 
-    def stream(self, voice: str | None = None, group: object = None) -> "PiperStream":
+    def stream(self, voice: str | None = None, group: object = None, strategy: str | None = None) -> "PiperStream":
         if voice not in (None, *self.voices):
             raise EngineError("unknown_voice", f"piper has no voice {voice!r}; available: {self.voice_name}")
         if self._voice is None:
             raise EngineError("engine_not_ready", "piper is still loading")
-        return PiperStream(self, group)
+        return PiperStream(self, group, STRATEGIES[strategy or self.strategy][0]())
 
     async def synthesize(self, text: str, group: object = None) -> tuple[np.ndarray, list[float]]:
         """:meth:`synthesize_clause` on the engine's threads, in ``group``'s turn."""
@@ -163,12 +273,16 @@ class PiperEngine(Engine):
             ``(pcm, word_starts_ms)``: float32 mono ``[n]`` at :attr:`sample_rate`, and the
             start of each whitespace-separated word of ``text`` in ms from the clause start.
         """
+        t0 = self._job_started()
         pieces, starts = [], []
         offset = 0
-        for chunk in self._voice.synthesize(text, include_alignments=True):
-            starts.extend(offset + s for s in _phoneme_word_starts(chunk.phoneme_alignments))
-            pieces.append(chunk.audio_float_array)
-            offset += len(chunk.audio_float_array)
+        try:
+            for chunk in self._voice.synthesize(text, include_alignments=True):
+                starts.extend(offset + s for s in _phoneme_word_starts(chunk.phoneme_alignments))
+                pieces.append(chunk.audio_float_array)
+                offset += len(chunk.audio_float_array)
+        finally:
+            self._job_finished(t0, offset)
         pcm = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
         words = text.split()
         if len(starts) != len(words):
@@ -176,6 +290,54 @@ class PiperEngine(Engine):
             # words over the clause by length instead.
             starts = _proportional_starts(words, len(pcm))
         return pcm, [1000.0 * s / self.sample_rate for s in starts]
+
+
+    def _job_started(self) -> float:
+        now = time.perf_counter()
+        with self._stats_lock:
+            if self._running == 0:
+                self._busy_since = now
+            self._running += 1
+        return now
+
+    def _job_finished(self, t0: float, samples: int) -> None:
+        now = time.perf_counter()
+        with self._stats_lock:
+            self._running -= 1
+            if self._running == 0:
+                self._stats["busy_s"] += now - self._busy_since
+            self._stats["compute_s"] += now - t0
+            self._stats["audio_s"] += samples / self.sample_rate
+            self._stats["units"] += 1
+
+
+class PiperVariant(Engine):
+    """``piper-sentence``, ``piper-whole``...: another streaming strategy on a shared
+    :class:`PiperEngine` (same voice, same threads, same fairness between sessions)."""
+
+    def __init__(self, base: PiperEngine, name: str, strategy: str):
+        self.base, self.name, self.strategy = base, name, strategy
+        self.sample_rate = base.sample_rate
+
+    @property
+    def voices(self) -> list[str]:
+        return self.base.voices
+
+    @property
+    def description(self) -> str:
+        return STRATEGIES[self.strategy][1]
+
+    async def start(self) -> None:
+        await self.base.start()
+
+    async def close(self) -> None:
+        await self.base.close()
+
+    def compute_stats(self) -> dict:
+        return self.base.compute_stats()
+
+    def stream(self, voice: str | None = None, group: object = None) -> "PiperStream":
+        return self.base.stream(voice, group, strategy=self.strategy)
 
 
 def _phoneme_word_starts(alignments) -> list[int]:
@@ -204,11 +366,11 @@ def _proportional_starts(words: list[str], n_samples: int) -> list[int]:
 class PiperStream(SynthesisStream):
     """One turn on the Piper engine: clauses are synthesised in order as they complete."""
 
-    def __init__(self, engine: PiperEngine, group: object = None):
+    def __init__(self, engine: PiperEngine, group: object = None, chunker=None):
         super().__init__()
         self._engine = engine
         self._group = group if group is not None else self
-        self._chunker = ClauseChunker()
+        self._chunker = chunker if chunker is not None else ClauseChunker()
         self._clauses: asyncio.Queue[str | None] = asyncio.Queue()
         self._task = self._loop.create_task(self._run())
 

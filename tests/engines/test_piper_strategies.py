@@ -1,0 +1,85 @@
+"""The embedded voice's streaming strategies: by clause, by sentence, whole reply (the latency
+race's ``piper``, ``piper-sentence`` and ``piper-whole`` lanes), sharing one loaded voice."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from myna.engines.piper import STRATEGIES, VARIANT_NAMES, PiperEngine, SentenceChunker, WholeChunker
+
+
+def _units(chunker, text: str) -> list[str]:
+    units = [u for w in text.split() for u in chunker.push(w)]
+    return units + chunker.flush()
+
+
+TEXT = "Sure, I can help: Dr. Lee sees you at 3.30 today! Is that fine? Great"
+
+
+def test_sentence_chunker_cuts_at_sentence_ends_only():
+    assert _units(SentenceChunker(), TEXT) == ["Sure, I can help: Dr. Lee sees you at 3.30 today!", "Is that fine?", "Great"]
+
+
+def test_sentence_chunker_bounds_a_reply_without_punctuation():
+    units = _units(SentenceChunker(max_words=5), "one two three four five six seven")
+    assert units == ["one two three four five", "six seven"]
+
+
+def test_whole_chunker_returns_one_unit_at_the_end():
+    chunker = WholeChunker()
+    assert [u for w in TEXT.split() for u in chunker.push(w)] == []
+    assert chunker.flush() == [TEXT]
+    assert _units(WholeChunker(max_chars=12), "aaaa bbbb cccc dddd") == ["aaaa bbbb cccc", "dddd"]
+
+
+def test_variant_names_map_to_strategies():
+    assert set(VARIANT_NAMES.values()) == set(STRATEGIES)
+    assert VARIANT_NAMES["piper"] == "clause"
+
+
+def test_serve_registers_the_strategies_on_one_voice():
+    from myna.cli import _engines
+
+    engines = _engines("piper,piper-sentence,piper-whole")
+    assert list(engines) == ["piper", "piper-sentence", "piper-whole"]
+    assert [e.name for e in engines.values()] == list(engines)
+    assert engines["piper-sentence"].base is engines["piper"] and engines["piper-whole"].base is engines["piper"]
+    assert engines["piper-whole"].voices == engines["piper"].voices
+    with pytest.raises(SystemExit):
+        _engines("piper,nope")
+
+
+def test_strategies_stream_the_same_words_in_fewer_units():
+    from myna.engines import AudioChunk, WordEvent
+
+    async def run():
+        base = PiperEngine(workers=1)
+        engines = {"piper": base, "piper-sentence": base.variant("piper-sentence", "sentence"),
+                   "piper-whole": base.variant("piper-whole", "whole")}
+        await asyncio.gather(*(e.start() for e in engines.values()))  # loads once
+        out = {}
+        try:
+            for name, engine in engines.items():
+                stream = engine.stream()
+                stream.push_text("Hi, there. How are you?")
+                stream.end_input()
+                chunks, words = 0, []
+                async for item in stream:
+                    if isinstance(item, AudioChunk):
+                        chunks += 1
+                    elif isinstance(item, WordEvent):
+                        words.append(item.word)
+                out[name] = (chunks, words)
+            stats = base.compute_stats()
+        finally:
+            await engines["piper-whole"].close()
+            await base.close()  # idempotent
+        return out, stats
+
+    out, stats = asyncio.run(run())
+    assert out["piper"][0] == 3 and out["piper-sentence"][0] == 2 and out["piper-whole"][0] == 1
+    assert out["piper"][1] == out["piper-sentence"][1] == out["piper-whole"][1] == ["Hi", "there", "How", "are", "you"]
+    assert stats["units"] == 1 + 3 + 2 + 1  # the warm-up, then each strategy's units
+    assert 0 < stats["busy_s"] <= stats["compute_s"] + 1e-6 and stats["audio_s"] > 1.0
