@@ -188,8 +188,9 @@ class StreamOutput:
         turn.ended = True
         self._drain()
 
-    def interrupt(self) -> list[str]:
-        dropped = [t.turn_id for t in self._turns]
+    def interrupt(self) -> list[tuple[str, float, int]]:
+        # Unpaced: audio is sent as soon as it exists, so there are no underruns to report.
+        dropped = [(t.turn_id, round(1000.0 * t.sent / self.sample_rate, 1), 0) for t in self._turns]
         for turn in self._turns:
             if turn.held_start is not None:
                 self._unannounced[turn.turn_id] = turn.held_start

@@ -10,13 +10,27 @@ has produced.
 
 Rules:
 
-- **Pre-roll.** A turn starts playing once it holds one frame plus the fade length, or once its
-  input has ended (so short turns are never held back).
+- **Pre-roll.** Each turn records when its chunks arrive against the audio they carry
+  (:class:`myna.audio.preroll.ProducerStats`); at each frame deadline a pre-roll rule decides
+  whether it may start: by default :class:`myna.audio.preroll.JitterAwarePreRoll`, which starts
+  as early as the producer's measured rate and jitter allow without a predicted underrun (the
+  rule is documented in :mod:`myna.audio.preroll`). A turn whose input has ended starts at once.
+  **Latency budget:** once the producer has shown it is slower than real time (its measured
+  rate is at least 1, e.g. an overloaded worker), a turn's first audio is held at most
+  :data:`MAX_HOLD_S` after it arrived. The rule would otherwise hold it for seconds before the
+  first syllable to avoid stalls that cannot be avoided anyway; speaking now and re-buffering
+  later (by the rule) is what a listener prefers. A producer that keeps up is never cut short.
+  ``first_audio.pre_roll_ms`` is the wait chosen: first chunk's arrival → start of playout (ms).
 - **Underrun.** When a playing turn that has not ended holds less than a frame plus the fade
-  length, the frame plays what is there with a fade-out over its last 5 ms, then silence; the
-  next audio fades back in. One starvation episode counts one underrun.
+  length, the frame plays what is there with a fade-out over its last 5 ms, then silence. The
+  turn resumes when the pre-roll rule says the buffer is enough again (re-buffering), with a
+  5 ms fade-in. One starvation episode counts one underrun (``turn_done.underruns``).
+- **Events.** ``word`` events of a turn follow its ``first_audio``: words that start in the
+  quiet lead-in are sent with the first audible frame.
 - **Barge-in.** :meth:`Playout.interrupt` keeps only the next 5 ms of the playing turn, faded to
   zero, for the next frame; everything else queued is dropped.
+- **Idle.** With nothing queued :meth:`Playout.next_frame` returns one shared, read-only block
+  of zeros: no allocation, no arithmetic.
 """
 
 from __future__ import annotations
@@ -29,13 +43,21 @@ import numpy as np
 import soxr
 
 from myna.audio.onset import first_audible_sample
+from myna.audio.preroll import JitterAwarePreRoll, PreRollRule, ProducerStats
 
 SAMPLE_RATE = 48_000
 FRAME_SAMPLES = 960  # 20 ms at 48 kHz
 FADE_SAMPLES = 240  # 5 ms at 48 kHz
+#: Longest a turn's first audio waits for the pre-roll rule (s); see "Latency budget" above.
+MAX_HOLD_S = 0.4
 
 Event = dict
 EventSink = Callable[[Event], None]
+
+#: What :meth:`Playout.next_frame` returns while idle: one shared read-only frame of zeros
+#: (a transport may test ``frame is IDLE_FRAME`` to take a cheap path).
+IDLE_FRAME = np.zeros(FRAME_SAMPLES, dtype=np.int16)
+IDLE_FRAME.flags.writeable = False
 
 
 class _Turn:
@@ -44,7 +66,8 @@ class _Turn:
     def __init__(self, turn_id: str, text_at: float):
         self.turn_id = turn_id
         self.text_at = text_at  # monotonic time the first text chunk arrived (s)
-        self.buf = np.zeros(0, dtype=np.float32)
+        self.chunks: deque[np.ndarray] = deque()  # queued 48 kHz audio, oldest first
+        self.buffered = 0  # samples queued
         self.resampler: soxr.ResampleStream | None = None
         self.in_rate: int | None = None
         self.words: deque[tuple[int, str]] = deque()  # (sample offset at 48 kHz, word)
@@ -55,6 +78,8 @@ class _Turn:
         self.starving = False
         self.resume_fade = False
         self.underruns = 0
+        self.stats = ProducerStats(text_at)
+        self.pre_roll_ms = 0.0  # first chunk's arrival → start of playout (ms)
 
     def append(self, pcm: np.ndarray, sample_rate: int, last: bool = False) -> None:
         if self.resampler is None and sample_rate != SAMPLE_RATE:
@@ -66,10 +91,32 @@ class _Turn:
         if self.resampler is not None:
             x = self.resampler.resample_chunk(x, last=last)
         if len(x):
-            self.buf = np.concatenate((self.buf, x)) if len(self.buf) else x.copy()
+            self.chunks.append(x if x is not pcm else x.copy())
+            self.buffered += len(x)
 
     def take(self, n: int) -> np.ndarray:
-        out, self.buf = self.buf[:n], self.buf[n:]
+        """Remove and return up to ``n`` samples (a new array; queued chunks are never copied whole)."""
+        n = min(n, self.buffered)
+        out = np.empty(n, dtype=np.float32)
+        filled = 0
+        while filled < n:
+            head = self.chunks[0]
+            k = min(n - filled, len(head))
+            out[filled : filled + k] = head[:k]
+            filled += k
+            if k == len(head):
+                self.chunks.popleft()
+            else:
+                self.chunks[0] = head[k:]
+        self.buffered -= n
+        return out
+
+    def peek(self, n: int) -> np.ndarray:
+        """A copy of the next ``n`` samples (fewer if fewer are queued), left in the queue."""
+        out = self.take(n)
+        if len(out):
+            self.chunks.appendleft(out.copy())
+            self.buffered += len(out)
         return out
 
 
@@ -80,11 +127,19 @@ class Playout:
         on_event: called with contract event dicts (``first_audio``, ``word``, ``turn_done``)
             from inside :meth:`next_frame`.
         clock: monotonic clock in seconds (injectable for tests).
+        pre_roll: when a turn starts or resumes; default a fresh
+            :class:`~myna.audio.preroll.JitterAwarePreRoll` (it learns across the session's turns).
     """
 
-    def __init__(self, on_event: EventSink, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        on_event: EventSink,
+        clock: Callable[[], float] = time.monotonic,
+        pre_roll: PreRollRule | None = None,
+    ):
         self._on_event = on_event
         self._clock = clock
+        self.pre_roll: PreRollRule = pre_roll if pre_roll is not None else JitterAwarePreRoll()
         self._turns: deque[_Turn] = deque()
         self._by_id: dict[str, _Turn] = {}
         self._tail: np.ndarray | None = None  # faded remainder after a barge-in
@@ -107,6 +162,7 @@ class Playout:
         turn = self._by_id.get(turn_id)
         if turn is not None and not turn.ended:
             turn.append(pcm, sample_rate)
+            turn.stats.add(self._clock(), len(pcm) / sample_rate)
 
     def push_word(self, turn_id: str, word: str, start_ms: float) -> None:
         """Schedule a ``word`` event at ``start_ms`` into the turn's audio."""
@@ -123,18 +179,19 @@ class Playout:
             turn.append(np.zeros(0, dtype=np.float32), turn.in_rate, last=True)
         turn.ended = True
 
-    def interrupt(self) -> list[str]:
-        """Drop every queued turn (barge-in); returns their ids, playing turn first.
+    def interrupt(self) -> list[tuple[str, float, int]]:
+        """Drop every queued turn (barge-in); returns ``(turn_id, audio_ms handed out,
+        underruns)`` for each, playing turn first.
 
         The playing turn's next 5 ms are kept, faded to zero, so the cut makes no click;
         nothing else of any dropped turn is handed out.
         """
-        if self._turns and self._turns[0].playing:
-            head = self._turns[0]
-            tail = head.buf[:FADE_SAMPLES].copy()
+        if self._turns and self._turns[0].playing and not self._turns[0].starving:
+            head = self._turns[0]  # (a starving turn already faded to zero)
+            tail = head.peek(FADE_SAMPLES)
             tail *= np.linspace(1.0, 0.0, len(tail), endpoint=False, dtype=np.float32)
             self._tail = tail
-        dropped = [t.turn_id for t in self._turns]
+        dropped = [(t.turn_id, round(t.played / 48.0, 1), t.underruns) for t in self._turns]
         self._turns.clear()
         self._by_id.clear()
         return dropped
@@ -146,7 +203,12 @@ class Playout:
 
     # -- transport side ------------------------------------------------------------------
     def next_frame(self) -> np.ndarray:
-        """The next 20 ms: int16 mono, shape ``[960]``; silence when nothing is ready."""
+        """The next 20 ms: int16 mono, shape ``[960]``; silence when nothing is ready.
+
+        Idle frames are one shared read-only array; copy before writing to a frame.
+        """
+        if self._tail is None and not self._turns:
+            return IDLE_FRAME
         out = np.zeros(FRAME_SAMPLES, dtype=np.float32)
         filled = 0
         if self._tail is not None:
@@ -156,12 +218,15 @@ class Playout:
         while filled < FRAME_SAMPLES and self._turns:
             turn = self._turns[0]
             need = FRAME_SAMPLES - filled
-            ready = len(turn.buf) >= need + FADE_SAMPLES or turn.ended
-            if not turn.playing:
-                if not ready:
-                    break  # pre-roll: wait for a whole frame
-                turn.playing = True
-            seg = turn.take(need).copy()
+            ready = turn.buffered >= need + FADE_SAMPLES or turn.ended
+            if not turn.playing or turn.starving:
+                if not (turn.ended or (ready and self._may_start(turn))):
+                    break  # pre-roll, or re-buffering after an underrun
+                if not turn.playing:
+                    turn.playing = True
+                    if turn.stats.n:
+                        turn.pre_roll_ms = round(1000.0 * (self._clock() - turn.stats.times[0]), 1)
+            seg = turn.take(need)
             if turn.resume_fade and len(seg):
                 k = min(FADE_SAMPLES, len(seg))
                 seg[:k] *= np.linspace(0.0, 1.0, k, endpoint=False, dtype=np.float32)
@@ -174,16 +239,26 @@ class Playout:
                     turn.underruns += 1
                     turn.starving = True
                 turn.resume_fade = True
-            elif len(seg):
+            else:
                 turn.starving = False
             out[filled : filled + len(seg)] = seg
             self._emit_turn_events(turn, seg, filled)
             filled += len(seg)
             if not ready:
                 break
-            if turn.ended and not len(turn.buf):
+            if turn.ended and not turn.buffered:
                 self._finish(turn)
-        return (np.clip(out, -1.0, 1.0) * 32767.0).astype(np.int16)
+        np.multiply(out, 32767.0, out=out)
+        np.minimum(out, 32767.0, out=out)  # (np.clip costs more than the rest of the frame)
+        np.maximum(out, -32767.0, out=out)
+        return out.astype(np.int16)
+
+    def _may_start(self, turn: _Turn) -> bool:
+        now = self._clock()
+        rate = turn.stats.rate()
+        if not turn.playing and rate is not None and rate >= 1.0 and now - turn.stats.times[0] >= MAX_HOLD_S:
+            return True
+        return self.pre_roll.ready(turn.stats, turn.buffered / SAMPLE_RATE, now)
 
     def _emit_turn_events(self, turn: _Turn, seg: np.ndarray, at: int) -> None:
         if not turn.first_audio_sent and len(seg):
@@ -195,11 +270,12 @@ class Playout:
                         "type": "first_audio",
                         "turn_id": turn.turn_id,
                         "server_ttfa_ms": round(1000.0 * (self._clock() - turn.text_at), 1),
-                        "pre_roll_ms": 0.0,
+                        "pre_roll_ms": turn.pre_roll_ms,
                     }
                 )
         turn.played += len(seg)
-        self._emit_words(turn, upto=turn.played)
+        if turn.first_audio_sent:
+            self._emit_words(turn, upto=turn.played)
 
     def _emit_words(self, turn: _Turn, upto: float) -> None:
         while turn.words and turn.words[0][0] < upto:
@@ -211,6 +287,7 @@ class Playout:
     def _finish(self, turn: _Turn) -> None:
         self._turns.popleft()
         self._by_id.pop(turn.turn_id, None)
+        self.pre_roll.turn_finished(turn.stats)
         self._emit_words(turn, upto=float("inf"))  # words placed past the end of the audio
         self._on_event(
             {

@@ -4,7 +4,7 @@ Follow one text chunk: :meth:`Session.handle_message` validates the JSON (DESIGN
 calls :meth:`Session._on_text`, which opens the turn's :class:`~myna.engines.SynthesisStream`
 on the first chunk and pushes the chunk into it. The turn's task (:meth:`Session._pump`) moves
 the stream's audio and word events into the :class:`~myna.audio.playout.Playout`, which the
-:class:`~myna.rtc.track.PacedAudioTrack` drains every 20 ms; aiortc encodes each frame to Opus.
+:class:`~myna.rtc.track.PacedAudioTrack` drains every 20 ms and encodes to Opus (:mod:`myna.audio.opus`).
 Playout events (``first_audio``, ``word``, ``turn_done``) come back through :meth:`Session._on_playout_event`
 and go out on the data channel.
 
@@ -66,8 +66,9 @@ class TurnOutput(Protocol):
     def end_turn(self, turn_id: str) -> None:
         """No more audio for the turn; ``turn_done`` follows its last audio."""
 
-    def interrupt(self) -> list[str]:
-        """Drop every queued turn now; returns their ids, the playing one first."""
+    def interrupt(self) -> list[tuple[str, float, int]]:
+        """Drop every queued turn now; returns ``(turn_id, audio_ms already handed out,
+        underruns)`` for each, the playing one first."""
 
 
 class BadMessage(Exception):
@@ -186,12 +187,13 @@ class Session:
 
     def interrupt(self) -> None:
         """Barge-in: cancel synthesis of every turn and drop its queued audio."""
-        for turn_id in self._output.interrupt():
+        for turn_id, audio_ms, underruns in self._output.interrupt():
             turn = self._turns.pop(turn_id, None)
             self._past_turns.append(turn_id)
             if turn is not None:
                 turn.stream.cancel()
-                self.send({"type": "turn_done", "turn_id": turn_id, "audio_ms": 0.0, "underruns": 0, "interrupted": True})
+                self.send({"type": "turn_done", "turn_id": turn_id, "audio_ms": audio_ms, "underruns": underruns,
+                           "interrupted": True})
         self._open_turn = None
 
     async def _pump(self, turn: _Turn) -> None:

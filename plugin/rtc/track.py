@@ -6,6 +6,19 @@ aiortc's sender never paces: it calls ``recv()`` in a loop and sends whatever it
 late wake-up at most :data:`MAX_CATCH_UP` frames go out back to back, and beyond that the
 schedule is moved forward instead of bursting. ``pts`` rises by exactly 960 per frame for the
 life of the track, across turns and idle time, whatever the wall clock does.
+
+Two output modes:
+
+- ``opus=OpusSettings(...)`` (the default): ``recv()`` returns ready Opus packets
+  (``av.Packet``) from a :class:`~myna.audio.opus.VoiceOpusEncoder` (mono, 32 kbit/s, in-band
+  FEC); aiortc sends them as they are. Speech is encoded on the default thread pool (as aiortc
+  does; PyAV releases the GIL while libopus runs); settled idle time costs no encoding at all
+  (a cached silent packet, built on the event loop).
+  Measured in ``myna bench playout``: the send path of an idle session costs ~12 µs a frame
+  instead of ~440 µs, a speaking one ~25 % less, at a third of the bit rate. The RTP
+  audio-level header extension (RFC 6464) is not sent in this mode.
+- ``opus=None``: ``recv()`` returns ``av.AudioFrame`` objects and aiortc encodes them (48 kHz
+  stereo, 96 kbit/s, audio level computed per frame in Python; ecosystem.md §3.2).
 """
 
 from __future__ import annotations
@@ -18,7 +31,8 @@ from collections.abc import Callable
 import av
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from myna.audio.playout import FRAME_SAMPLES, SAMPLE_RATE, Playout
+from myna.audio.opus import OpusSettings, VoiceOpusEncoder
+from myna.audio.playout import FRAME_SAMPLES, IDLE_FRAME, SAMPLE_RATE, Playout
 
 FRAME_SECONDS = FRAME_SAMPLES / SAMPLE_RATE
 TIME_BASE = fractions.Fraction(1, SAMPLE_RATE)
@@ -30,12 +44,14 @@ class PacedAudioTrack(MediaStreamTrack):
     """An aiortc audio track fed by a :class:`~myna.audio.playout.Playout`.
 
     Each ``recv()`` returns an ``av.AudioFrame``: s16, mono, 48 kHz, 960 samples,
-    ``time_base`` 1/48000, ``pts`` = 960 × frame index.
+    ``time_base`` 1/48000, ``pts`` = 960 × frame index; or, with ``opus``, an ``av.Packet``
+    holding that frame encoded, with the same ``pts`` and ``time_base``.
 
     Args:
         playout: the session's playout.
         clock: monotonic clock in seconds.
         sleep: coroutine sleeping a number of seconds (injectable for tests).
+        opus: encode here with these settings; None leaves encoding to aiortc.
     """
 
     kind = "audio"
@@ -45,29 +61,45 @@ class PacedAudioTrack(MediaStreamTrack):
         playout: Playout,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], object] = asyncio.sleep,
+        opus: OpusSettings | None = OpusSettings(),
     ):
         super().__init__()
         self.playout = playout
         self._clock = clock
         self._sleep = sleep
+        self._encoder = VoiceOpusEncoder(opus) if opus is not None else None
         self._start: float | None = None
         self._index = 0  # frame index since the schedule's anchor
         self._pts = 0
+        self.deadline = 0.0  # when the frame just returned was due, before any re-anchoring (clock s)
+        self.lateness = 0.0  # how late this frame's wake-up was against its deadline (s)
+        self.slips = 0  # times the schedule was moved forward after a late wake-up
 
-    async def recv(self) -> av.AudioFrame:
+    async def recv(self) -> av.AudioFrame | av.Packet:
         if self.readyState != "live":
             raise MediaStreamError
         now = self._clock()
         if self._start is None:
             self._start = now
         deadline = self._start + self._index * FRAME_SECONDS
+        self.deadline = deadline
         if deadline > now:
             await self._sleep(deadline - now)
-        elif now - deadline > MAX_CATCH_UP * FRAME_SECONDS:
+            now = self._clock()
+        self.lateness = now - deadline
+        if now - deadline > MAX_CATCH_UP * FRAME_SECONDS:
             # Too late to catch up without a burst: re-anchor so this frame is due now.
             self._start = now - self._index * FRAME_SECONDS
+            self.slips += 1
         self._index += 1
         samples = self.playout.next_frame()
+        if self._encoder is not None:
+            pts, silent = self._pts, samples is IDLE_FRAME
+            self._pts += FRAME_SAMPLES
+            if self._encoder.skips(silent):
+                return self._encoder.encode(samples, pts, silent)
+            # Encoding takes ~0.5 ms; like aiortc, keep it off the event loop (other cores).
+            return await asyncio.get_running_loop().run_in_executor(None, self._encoder.encode, samples, pts, silent)
         frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = SAMPLE_RATE
         frame.time_base = TIME_BASE

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from myna.audio.playout import FADE_SAMPLES, FRAME_SAMPLES, Playout
+from myna.audio.preroll import FixedPreRoll
 
 
 class Clock:
@@ -16,9 +17,9 @@ class Clock:
         return self.t
 
 
-def make(clock=None):
+def make(clock=None, pre_roll=None):
     events: list[dict] = []
-    return Playout(events.append, clock=clock or Clock()), events
+    return Playout(events.append, clock=clock or Clock(), pre_roll=pre_roll), events
 
 
 def tone(freq: float, seconds: float, rate: int, amp: float = 0.5) -> np.ndarray:
@@ -65,7 +66,9 @@ def test_a_1_khz_tone_comes_out_at_1_khz_and_the_right_length(rate):
 
 
 def test_underruns_fade_without_clicks_and_are_counted():
-    playout, events = make()
+    # The v1 resume rule (resume as soon as a frame is there) starves twice here; the concealment
+    # is what is tested. Re-buffering by the jitter-aware rule is tested below.
+    playout, events = make(pre_roll=FixedPreRoll(0.0))
     x = tone(300, 0.6, 48_000, amp=0.8)
     max_step = np.max(np.abs(np.diff(x)))  # the largest jump the audio itself contains
     playout.begin_turn("t", 0.0)
@@ -83,12 +86,13 @@ def test_underruns_fade_without_clicks_and_are_counted():
 
 
 def test_interrupt_half_way_through_a_chunk_keeps_only_a_5_ms_fade():
-    playout, events = make()
-    playout.begin_turn("t", 0.0)
+    clock = Clock()
+    playout, events = make(clock)
+    playout.begin_turn("t", clock.t)
     playout.push_audio("t", tone(300, 0.08, 48_000, amp=0.8), 48_000)  # one 80 ms chunk
     playout.next_frame()
     playout.next_frame()  # 40 ms of the chunk played
-    assert playout.interrupt() == ["t"]
+    assert playout.interrupt() == [("t", 40.0, 0)]
     frame = playout.next_frame().astype(np.float64) / 32767
     assert np.all(frame[FADE_SAMPLES:] == 0)
     assert np.max(np.abs(frame[:FADE_SAMPLES])) > 0.1
@@ -140,3 +144,111 @@ def test_a_turn_waits_for_a_whole_frame_before_it_starts():
     playout.push_audio("t", tone(300, 0.1, 48_000), 48_000)
     assert np.any(playout.next_frame())
     assert events[-1]["type"] == "first_audio"
+
+
+def test_idle_frames_are_one_shared_read_only_block_of_zeros():
+    playout, _ = make()
+    a, b = playout.next_frame(), playout.next_frame()
+    assert a is b and not a.flags.writeable and not np.any(a) and a.shape == (FRAME_SAMPLES,)
+
+
+@pytest.mark.parametrize("rate", [48_000, 24_000])
+def test_interrupt_while_a_resampled_chunk_is_half_played_continues_then_fades(rate):
+    clock = Clock()
+    playout, events = make(clock)
+    playout.begin_turn("t", clock.t)
+    amp, freq = 0.8, 300.0
+    playout.push_audio("t", tone(freq, 0.2, rate, amp=amp), rate)  # one 200 ms chunk
+    played = []
+    for _ in range(5):  # 100 ms: half of the chunk
+        played.append(playout.next_frame())
+        clock.t += 0.02
+    assert playout.interrupt() == [("t", 100.0, 0)]
+    cut = playout.next_frame()
+    out = np.concatenate(played + [cut]).astype(np.float64) / 32767
+    # The tail continues the waveform (no jump at the seam) and is silent after 5 ms.
+    max_step = amp * 2 * np.pi * freq / 48_000
+    assert np.max(np.abs(np.diff(out))) <= max_step * 1.1 + amp / FADE_SAMPLES + 3 / 32767
+    assert np.all(cut[FADE_SAMPLES:] == 0)
+    assert np.max(np.abs(cut[:FADE_SAMPLES])) > 0.1 * 32767
+    assert not np.any(playout.next_frame()) and playout.idle
+    assert [e["type"] for e in events] == ["first_audio"]
+
+
+def test_interrupt_while_starving_adds_no_click():
+    clock = Clock()
+    playout, events = make(clock, pre_roll=FixedPreRoll(0.0))
+    playout.begin_turn("t", clock.t)
+    playout.push_audio("t", tone(300, 0.05, 48_000, amp=0.8), 48_000)
+    for _ in range(4):  # 50 ms played, then starved (faded to zero)
+        playout.next_frame()
+    playout.push_audio("t", tone(300, 0.01, 48_000, amp=0.8), 48_000)  # less than a frame: still starving
+    playout.interrupt()
+    assert not np.any(playout.next_frame())
+
+
+def test_a_slow_producer_re_buffers_instead_of_stuttering():
+    """Chunks of 80 ms every 96 ms (real-time factor 1.2): the jitter-aware rule waits for a
+    buffer before starting and again after each underrun; the v1 rule stalls on every chunk."""
+
+    def run(pre_roll):
+        clock = Clock()
+        playout, events = make(clock, pre_roll)
+        playout.begin_turn("t", clock.t)
+        chunk = tone(300, 0.08, 48_000)
+        arrivals = [clock.t + 0.096 * (i + 1) for i in range(60)]  # 4.8 s of audio
+        frames = 0
+        while not events or events[-1]["type"] != "turn_done":
+            while arrivals and arrivals[0] <= clock.t:
+                arrivals.pop(0)
+                playout.push_audio("t", chunk, 48_000)
+                if not arrivals:
+                    playout.end_turn("t")
+            playout.next_frame()
+            clock.t += 0.02
+            frames += 1
+        return events[-1]["underruns"], next(e for e in events if e["type"] == "first_audio")
+
+    ours, first = run(None)
+    v1, _ = run(FixedPreRoll(0.0))
+    assert v1 >= 30 and ours <= 3
+    assert 200 <= first["pre_roll_ms"] <= 1000
+
+
+def test_first_audio_carries_the_pre_roll_chosen():
+    clock = Clock()
+    playout, events = make(clock)
+    playout.begin_turn("t", clock.t)
+    clock.t += 0.1  # the first 80 ms come 100 ms after the text: maybe slower than real time
+    playout.push_audio("t", tone(300, 0.08, 48_000), 48_000)
+    assert not np.any(playout.next_frame())  # one chunk of an unknown producer: wait
+    waited = 0
+    while not events:
+        clock.t += 0.02
+        waited += 1
+        if waited == 3:  # the second chunk arrives 60 ms later
+            playout.push_audio("t", tone(300, 0.08, 48_000), 48_000)
+        playout.next_frame()
+    assert events[0]["type"] == "first_audio"
+    assert events[0]["pre_roll_ms"] == pytest.approx(1000 * (clock.t - 100.1), abs=0.1)
+    assert events[0]["pre_roll_ms"] >= 60.0
+
+
+def test_words_follow_first_audio_and_a_slower_than_real_time_producer_is_held_at_most_the_budget():
+    from myna.audio.playout import MAX_HOLD_S
+
+    clock = Clock()
+    playout, events = make(clock)
+    playout.begin_turn("t", clock.t)
+    playout.push_word("t", "first", 0.0)
+    lead_in = np.zeros(2400, np.float32)  # 50 ms of quiet before the voice
+    playout.push_audio("t", np.concatenate([lead_in, tone(200, 0.15, 48_000)]), 48_000)
+    waited = 0.0
+    while not np.any(playout.next_frame()):
+        clock.t += 0.02
+        waited += 0.02
+        if abs(waited - 0.3) < 1e-9:  # a second chunk, 300 ms for 200 ms of audio: rate 1.5
+            playout.push_audio("t", tone(200, 0.2, 48_000), 48_000)
+        assert waited <= MAX_HOLD_S + 0.05, "the first audio was held past the latency budget"
+    kinds = [e["type"] for e in events]
+    assert kinds[:2] == ["first_audio", "word"], kinds

@@ -1,11 +1,16 @@
-"""The paced track with a virtual clock: frame format, pts, absolute deadlines, catch-up."""
+"""The paced track with a virtual clock: frame format, pts, absolute deadlines, catch-up, Opus packets."""
 
 from __future__ import annotations
 
 import fractions
 
+import av
 import numpy as np
+import pytest
+from aiortc.codecs.opus import OpusDecoder
+from aiortc.jitterbuffer import JitterFrame
 
+from myna.audio.opus import OpusSettings
 from myna.audio.playout import Playout
 from myna.rtc.track import PacedAudioTrack
 
@@ -23,11 +28,11 @@ class VirtualTime:
         self.t += seconds
 
 
-def make():
+def make(opus=None):
     vt = VirtualTime()
     events: list[dict] = []
     playout = Playout(events.append, clock=vt.clock)
-    return PacedAudioTrack(playout, clock=vt.clock, sleep=vt.sleep), playout, vt, events
+    return PacedAudioTrack(playout, clock=vt.clock, sleep=vt.sleep, opus=opus), playout, vt, events
 
 
 def speak(playout: Playout, turn_id: str, seconds: float) -> None:
@@ -58,6 +63,23 @@ async def test_frames_and_pts_across_two_turns_and_3_s_of_idle():
     assert np.any(frames[185].to_ndarray())  # turn b is heard
 
 
+async def test_packets_pts_across_3_s_of_idle_and_idle_costs_3_bytes():
+    track, playout, vt, events = make(OpusSettings())
+    packets = []
+    speak(playout, "a", 0.5)
+    for _ in range(180):  # the turn, then 3 s of idle
+        packets.append(await track.recv())
+    speak(playout, "b", 0.5)
+    for _ in range(30):
+        packets.append(await track.recv())
+    assert all(isinstance(p, av.Packet) for p in packets)
+    assert [p.pts for p in packets] == [960 * i for i in range(len(packets))]
+    assert all(p.time_base == fractions.Fraction(1, 48_000) for p in packets)
+    assert all(len(bytes(p)) == 3 for p in packets[60:180])  # settled idle: the cached silent packet
+    assert len(bytes(packets[185])) > 20  # speech again
+    assert vt.t == pytest.approx(50.0 + 0.02 * (len(packets) - 1))
+
+
 async def test_deadlines_are_absolute_and_do_not_drift():
     track, _, vt, _ = make()
     start = vt.t
@@ -65,6 +87,25 @@ async def test_deadlines_are_absolute_and_do_not_drift():
         await track.recv()
         vt.t += 0.0013 * (i % 3)  # uneven work between calls must not accumulate
     assert abs(vt.t - (start + 499 * 0.020) - 0.0013 * (499 % 3)) < 1e-9
+    assert track.slips == 0
+
+
+async def test_a_small_stall_is_caught_up_on_the_original_grid():
+    """35 ms late (< 2 frames): frames go out back to back until on time, then the grid holds."""
+    track, _, vt, _ = make()
+    start = vt.t
+    for _ in range(5):
+        await track.recv()
+    vt.t += 0.020 + 0.035  # frame 5 (due at +100 ms) wakes at +135 ms
+    sent = []
+    for _ in range(10):
+        vt.sleeps.clear()
+        await track.recv()
+        sent.append((vt.t, len(vt.sleeps)))
+    back_to_back = [i for i, (_, slept) in enumerate(sent) if not slept]
+    assert back_to_back == [0, 1]  # the late frame and one more
+    assert sent[-1][0] == pytest.approx(start + 14 * 0.020)  # still on the original grid
+    assert track.slips == 0
 
 
 async def test_a_late_wake_up_sends_at_most_two_frames_back_to_back():
@@ -72,15 +113,49 @@ async def test_a_late_wake_up_sends_at_most_two_frames_back_to_back():
     for _ in range(5):
         await track.recv()
     vt.t += 0.200  # the event loop stalled for 200 ms
-    vt.sleeps.clear()
-    burst = 0
+    times = []
     for _ in range(20):
-        before = len(vt.sleeps)
         await track.recv()
-        if len(vt.sleeps) == before:
-            burst += 1
-        else:
-            break
+        times.append(vt.t)
+    gaps = np.diff(times)
+    burst = 1 + int(np.argmax(gaps > 1e-9)) if np.any(gaps > 1e-9) else len(times)
     assert burst <= 3  # the late frame itself plus at most two of catch-up
+    assert np.allclose(gaps[burst - 1 :], 0.020)  # then steady 20 ms spacing
+    assert track.slips == 1
     pts = [(await track.recv()).pts for _ in range(3)]
     assert pts[1] - pts[0] == pts[2] - pts[1] == 960
+
+
+async def test_a_stall_inside_the_sleep_also_sends_no_burst():
+    vt = VirtualTime()
+    playout = Playout(lambda e: None, clock=vt.clock)
+    stalls = iter([0.0] * 5 + [0.25] + [0.0] * 100)
+
+    async def sleep(seconds: float) -> None:
+        vt.t += seconds + next(stalls)
+
+    track = PacedAudioTrack(playout, clock=vt.clock, sleep=sleep, opus=None)
+    times = []
+    for _ in range(30):
+        await track.recv()
+        times.append(vt.t)
+    gaps = np.diff(times)
+    assert np.sum(gaps < 1e-9) <= 2
+    assert np.allclose(gaps[-20:], 0.020)
+
+
+async def test_packets_decode_back_to_the_tone():
+    track, playout, vt, _ = make(OpusSettings())
+    speak(playout, "a", 1.0)
+    decoder = OpusDecoder()
+    out = []
+    for _ in range(60):
+        p = await track.recv()
+        for frame in decoder.decode(JitterFrame(data=bytes(p), timestamp=p.pts)):
+            out.append(frame.to_ndarray().reshape(-1)[0::2])  # left channel of s16 stereo
+    x = np.concatenate(out).astype(np.float64) / 32768
+    audio = x[4800:48_000]
+    spectrum = np.abs(np.fft.rfft(audio * np.hanning(len(audio))))
+    assert abs(np.argmax(spectrum) * 48_000 / len(audio) - 440) <= 3
+    assert np.sqrt(np.mean(audio**2)) == pytest.approx(0.5 / np.sqrt(2), rel=0.1)  # level kept (mono, no -3 dB pan)
+    assert np.max(np.abs(x[50_000:])) < 0.01  # silence after the turn

@@ -82,7 +82,7 @@ def test_interrupt_drops_unsent_audio_and_keeps_every_turn_bracketed():
         out.begin_turn(turn_id, 0.0)
         out.announce({"type": "turn_started", "turn_id": turn_id})
         out.push_audio(turn_id, tone(100), 22050)
-    assert out.interrupt() == ["a", "b"]
+    assert out.interrupt() == [("a", 100.0, 0), ("b", 0.0, 0)]
     for turn_id in ("a", "b"):  # what Session.interrupt sends for each dropped turn
         out.announce({"type": "turn_done", "turn_id": turn_id, "audio_ms": 0.0, "underruns": 0, "interrupted": True})
     out.push_audio("a", tone(100), 22050)  # late audio of a dropped turn
