@@ -1,0 +1,155 @@
+"""The DSM engine: Kyutai's delayed-streams TTS (:mod:`myna.dsm`) served word by word through
+the batched frame loop (:class:`myna.dsm.loop.FrameLoop`).
+
+Every turn is a slot of the one loop thread that owns the model: words go to the slot as they
+arrive, 80 ms PCM frames (24 kHz, 1920 samples) and word events come back through the event loop
+(``call_soon_threadsafe``). The model never runs on the event loop (DESIGN.md §2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+
+from myna.engines.base import AudioChunk, Engine, EngineError, SynthesisStream, WordEvent
+
+log = logging.getLogger(__name__)
+
+
+class DSMEngine(Engine):
+    """A DSM TTS checkpoint served by one frame loop.
+
+    Args:
+        checkpoint: a checkpoint folder or Hugging Face repo id (:func:`myna.dsm.load`).
+        voice: the default voice file (``.safetensors`` with ``speaker_wavs``); needed by the
+            1.6b layout, ignored by checkpoints without voice conditioning.
+        n_q: codebooks generated and decoded (clamped to the model's; Kyutai's servers use 24).
+        guidance: the CFG-distilled condition value (e.g. "2.0"); None keeps the model default.
+        device: "cuda" when available, else "cpu" by default.
+        max_batch: concurrent turns stepping together; more wait for a slot.
+        max_ahead_s: backpressure: a turn more than this ahead of real time pauses.
+        seed: fixed per-turn seed (tests, reproducible runs); None draws one per turn.
+        threads: torch intra-op threads on CPU (default: all cores but one, for the pacer).
+    """
+
+    name = "dsm"
+    sample_rate = 24000
+
+    def __init__(self, checkpoint: str | Path, *, voice: str | Path | None = None, n_q: int = 32,
+                 guidance: str | float | None = None, device: str | None = None, max_batch: int = 16,
+                 max_ahead_s: float = 3.0, seed: int | None = None, threads: int | None = None,
+                 name: str = "dsm"):
+        self.name = name
+        self.checkpoint = checkpoint
+        self.voice_path = Path(voice) if voice else None
+        self.n_q = n_q
+        self.guidance = None if guidance is None else _guidance_value(guidance)
+        self.device = device
+        self.max_batch = max_batch
+        self.max_ahead_s = max_ahead_s
+        self.seed = seed
+        self.threads = threads
+        self.tts = None
+        self.loop = None
+        self._starting: asyncio.Future | None = None
+
+    @property
+    def voices(self) -> list[str]:
+        names = ["default"]
+        if self.voice_path is not None:
+            names.insert(0, self.voice_path.stem)
+        return names
+
+    async def start(self) -> None:
+        """Load the checkpoint and warm the loop up (graph capture on CUDA) on a worker thread."""
+        if self._starting is None:
+            self._starting = asyncio.ensure_future(asyncio.to_thread(self._load))
+        await asyncio.shield(self._starting)
+
+    def _load(self) -> None:
+        import torch
+
+        from myna.dsm import load
+        from myna.dsm.loop import FrameLoop
+
+        device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if device == "cpu":
+            torch.set_num_threads(self.threads or max(1, (os.cpu_count() or 2) - 1))
+        tts = load(self.checkpoint, device, progress=False)
+        tts.n_q = max(1, min(self.n_q, tts.cfg.n_q))
+        if self.guidance is not None:
+            tts.cfg_value = self.guidance
+        if tts.needs_voice and self.voice_path is None:
+            raise EngineError("no_voice", "this DSM checkpoint needs a voice: pass --voice PATH")
+        self.sample_rate = tts.sample_rate
+        loop = FrameLoop(tts, max_batch=self.max_batch, max_ahead_s=self.max_ahead_s)
+        loop.start()
+        # one short turn end to end, so the first real turn pays for nothing
+        errors: list[BaseException | None] = []
+        session = loop.open(voice=self.voice_path, seed=0, on_end=errors.append)
+        session.push_words(["Ready."])
+        session.end_input()
+        session.done.wait(timeout=600)
+        if errors and errors[0] is not None:
+            loop.close()
+            raise EngineError("engine_failed", f"dsm warm-up failed: {errors[0]}") from errors[0]
+        self.tts, self.loop = tts, loop
+        log.info("dsm engine ready: %s on %s, n_q=%d, %d slots", self.checkpoint, device, tts.n_q, self.max_batch)
+
+    async def close(self) -> None:
+        if self.loop is not None:
+            loop, self.loop = self.loop, None
+            await asyncio.to_thread(loop.close)
+
+    def stream(self, voice: str | None = None, group: object = None) -> "DSMStream":
+        if voice not in (None, *self.voices):
+            raise EngineError("unknown_voice", f"dsm has no voice {voice!r}; available: {', '.join(self.voices)}")
+        if self.loop is None:
+            raise EngineError("engine_not_ready", "dsm is still loading")
+        return DSMStream(self)
+
+
+def _guidance_value(value: str | float) -> str:
+    """The LUT key of a guidance value: 2 → "2.0"."""
+    return f"{float(value):.1f}"
+
+
+class DSMStream(SynthesisStream):
+    """One turn: a slot of the engine's frame loop."""
+
+    def __init__(self, engine: DSMEngine):
+        super().__init__()
+        self.engine = engine
+        self._session = engine.loop.open(voice=engine.voice_path, seed=engine.seed, on_audio=self._audio,
+                                         on_word=self._word, on_end=self._end)
+
+    def _on_words(self, words: list[str]) -> None:
+        self._session.push_words(words)
+
+    def _on_end_input(self) -> None:
+        self._session.end_input()
+
+    def _on_cancel(self) -> None:
+        self._session.cancel()
+
+    # loop thread → event loop
+    def _audio(self, pcm: np.ndarray) -> None:
+        self._emit_threadsafe(AudioChunk(pcm, self.engine.sample_rate))
+
+    def _word(self, word: str, start_s: float) -> None:
+        spoken = word.strip(".,;:!?\"'()[]{}…-—") or word  # as captions show it (WordEvent)
+        self._emit_threadsafe(WordEvent(spoken, 1000.0 * start_s))
+
+    def _end(self, error: BaseException | None) -> None:
+        if error is None:
+            self._loop.call_soon_threadsafe(self._finish)
+        else:
+            err = error if isinstance(error, EngineError) else EngineError("engine_failed", f"dsm synthesis failed: {error}")
+            self._loop.call_soon_threadsafe(self._fail, err)
+
+
+__all__ = ["DSMEngine", "DSMStream"]
