@@ -202,6 +202,9 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=None)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--skip-parity", action="store_true")
+    ap.add_argument("--loop-sessions", default="1,8,32",
+                    help="the frame loop (myna bench dsm-loop) at these session counts, ours and the "
+                         "reference's loop, after the step timings; empty to skip")
     args = ap.parse_args()
 
     from myna.bench.dsm_step import bench_batch, build_pair, ours_steps, ref_steps, stop_streaming
@@ -255,9 +258,35 @@ def main() -> int:
                                              "error": "".join(traceback.format_exception(exc))[-1500:]})
             torch.cuda.empty_cache()
         report["max_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+    if args.loop_sessions:
+        models = ref_models = None  # free the step benchmark's device memory first
+        report["loop"] = _loop(args)
     report["total_s"] = round(time.perf_counter() - t_start, 2)
     print(json.dumps(report, indent=2))
     return 0
+
+
+def _loop(args) -> dict:
+    """The live frame loop on the same device (myna bench dsm-loop), CUDA graphs on unless
+    NO_CUDA_GRAPH=1, ours against the reference's own generation loop."""
+    import argparse as _argparse
+    import contextlib
+    import io
+
+    from myna.bench import dsm_loop
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    loop_args = _argparse.Namespace(config=args.config, sessions=args.loop_sessions, text=dsm_loop.TEXT,
+                                    device=args.device, threads=None, n_q=None, rounds=1, no_ref=False,
+                                    json_out=None)
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            dsm_loop.run(loop_args)
+        return {"table": out.getvalue()}
+    except Exception as exc:  # keep the rest of the report
+        return {"error": "".join(traceback.format_exception(exc))[-1500:], "table": out.getvalue()}
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ def test_cpu_smoke_run():
     env = dict(os.environ, OMP_NUM_THREADS="1", NO_TORCH_COMPILE="1")
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--config", "tiny", "--device", "cpu", "--dtype", "fp32", "--batch", "1,2",
-         "--iters", "1", "--rounds", "1", "--steps", "6"],
+         "--iters", "1", "--rounds", "1", "--steps", "6", "--loop-sessions", "1"],
         capture_output=True, text=True, env=env, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
@@ -29,3 +29,4 @@ def test_cpu_smoke_run():
     assert parity["greedy_frames"]["identical_frames"] == parity["greedy_frames"]["frames"] == 4
     assert [row["batch"] for row in report["timing_ms"]] == [1, 2]
     assert all(row["ratio"]["full_step"] > 0 for row in report["timing_ms"])
+    assert "error" not in report["loop"] and "ours" in report["loop"]["table"]
