@@ -34,7 +34,7 @@ from collections.abc import Callable
 
 import numpy as np
 import soxr
-from aiohttp import WSMsgType, web
+from aiohttp import WSCloseCode, WSMsgType, web
 
 from myna.audio.onset import first_audible_sample
 from myna.engines import Engine
@@ -52,6 +52,12 @@ MIN_RATE, MAX_RATE = 8_000, 96_000
 EventSink = Callable[[dict], None]
 
 
+#: PCM a connection may have queued but unsent before it is closed as a slow consumer
+#: (16 MiB: ~87 s of audio at 96 kHz, ~6 min at 22.05 kHz).
+MAX_QUEUED_AUDIO_BYTES = 16 * 2**20
+_CLOSE = object()  # outbox marker: close the socket here
+
+
 class Outbox:
     """The connection's ordered outgoing messages (JSON events and PCM), sent by one task.
 
@@ -60,9 +66,12 @@ class Outbox:
     socket takes it.
     """
 
-    def __init__(self, ws: web.WebSocketResponse):
+    def __init__(self, ws: web.WebSocketResponse, max_audio_bytes: int = MAX_QUEUED_AUDIO_BYTES):
         self._ws = ws
         self._items: deque[str | bytes] = deque()
+        self._max_audio_bytes = max_audio_bytes
+        self._audio_bytes = 0  # PCM queued, not yet handed to the socket
+        self.overflowed = False
         self._wake = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._write())
 
@@ -71,12 +80,25 @@ class Outbox:
         self._wake.set()
 
     def put_audio(self, pcm: bytes) -> None:
-        self._items.append(pcm)
+        """Queue PCM; a consumer too slow to keep the queue under the cap is disconnected
+        (``error`` ``slow_consumer``, close code 1008) instead of growing memory without bound."""
+        if self.overflowed:
+            return
+        self._audio_bytes += len(pcm)
+        if self._audio_bytes > self._max_audio_bytes:
+            self.overflowed = True
+            self.drop_audio()
+            self.put_event({"type": "error", "code": "slow_consumer",
+                            "message": f"over {self._max_audio_bytes // 2**20} MiB of audio unread; closing"})
+            self._items.append(_CLOSE)
+        else:
+            self._items.append(pcm)
         self._wake.set()
 
     def drop_audio(self) -> None:
         """Forget every PCM message not yet sent (barge-in); events stay in order."""
-        self._items = deque(item for item in self._items if isinstance(item, str))
+        self._items = deque(item for item in self._items if not isinstance(item, bytes))
+        self._audio_bytes = 0
 
     async def _write(self) -> None:
         try:
@@ -85,9 +107,13 @@ class Outbox:
                 self._wake.clear()
                 while self._items:
                     item = self._items.popleft()
+                    if item is _CLOSE:
+                        await self._ws.close(code=WSCloseCode.POLICY_VIOLATION, message=b"slow consumer")
+                        return
                     if isinstance(item, str):
                         await self._ws.send_str(item)
                     else:
+                        self._audio_bytes -= len(item)
                         await self._ws.send_bytes(item)
         except (ConnectionError, RuntimeError) as exc:  # the peer went away mid-send
             log.debug("tts stream writer stopped: %s", exc)
@@ -318,6 +344,9 @@ class StreamConnection:
             return
         name = msg.get("engine")
         engine = self.engine
+        if not isinstance(name, (str, type(None))) or not isinstance(msg.get("voice"), (str, type(None))):
+            self._error("bad_config", '"engine" and "voice" must be strings')
+            return
         if name is not None:
             if name not in self._engines:
                 self._error("unknown_engine", f"unknown engine {name!r}; loaded: {', '.join(self._engines)}")

@@ -55,6 +55,7 @@ class DSMEngine(Engine):
         self.threads = threads
         self.tts = None
         self.loop = None
+        self._group_tails: dict[object, asyncio.Future] = {}  # each group's last turn (one slot per group)
         self._starting: asyncio.Future | None = None
 
     @property
@@ -110,7 +111,7 @@ class DSMEngine(Engine):
             raise EngineError("unknown_voice", f"dsm has no voice {voice!r}; available: {', '.join(self.voices)}")
         if self.loop is None:
             raise EngineError("engine_not_ready", "dsm is still loading")
-        return DSMStream(self)
+        return DSMStream(self, group)
 
 
 def _guidance_value(value: str | float) -> str:
@@ -119,22 +120,63 @@ def _guidance_value(value: str | float) -> str:
 
 
 class DSMStream(SynthesisStream):
-    """One turn: a slot of the engine's frame loop."""
+    """One turn: a slot of the engine's frame loop.
 
-    def __init__(self, engine: DSMEngine):
+    A group (a session) holds at most one slot: a turn queued behind another turn of the same
+    group takes its slot only once that turn has finished, so one client's queued turns cannot
+    fill the loop. A turn with no words never takes a slot (no audio, like the other engines).
+    """
+
+    def __init__(self, engine: DSMEngine, group: object = None):
         super().__init__()
         self.engine = engine
-        self._session = engine.loop.open(voice=engine.voice_path, seed=engine.seed, on_audio=self._audio,
-                                         on_word=self._word, on_end=self._end)
+        self._session = None
+        self._words: list[str] = []  # words pushed before the slot opened
+        self._ended = False
+        group = group if group is not None else self
+        previous = engine._group_tails.get(group)
+        self._done = self._loop.create_future()  # resolved when this turn releases its slot
+        engine._group_tails[group] = self._done
+        self._done.add_done_callback(lambda _: engine._group_tails.get(group) is self._done
+                                     and engine._group_tails.pop(group))
+        self._opener = self._loop.create_task(self._open_after(previous))
+
+    async def _open_after(self, previous: asyncio.Future | None) -> None:
+        if previous is not None:
+            await asyncio.shield(previous)
+        if self.cancelled:
+            return
+        if self._ended and not self._words:
+            self._release()
+            self._finish()
+            return
+        self._session = self.engine.loop.open(voice=self.engine.voice_path, seed=self.engine.seed,
+                                              on_audio=self._audio, on_word=self._word, on_end=self._end)
+        if self._words:
+            self._session.push_words(self._words)
+        if self._ended:
+            self._session.end_input()
+
+    def _release(self) -> None:
+        if not self._done.done():
+            self._done.set_result(None)
 
     def _on_words(self, words: list[str]) -> None:
-        self._session.push_words(words)
+        if self._session is not None:
+            self._session.push_words(words)
+        else:
+            self._words.extend(words)
 
     def _on_end_input(self) -> None:
-        self._session.end_input()
+        self._ended = True
+        if self._session is not None:
+            self._session.end_input()
 
     def _on_cancel(self) -> None:
-        self._session.cancel()
+        self._opener.cancel()
+        if self._session is not None:
+            self._session.cancel()
+        self._release()
 
     # loop thread → event loop
     def _audio(self, pcm: np.ndarray) -> None:
@@ -145,6 +187,7 @@ class DSMStream(SynthesisStream):
         self._emit_threadsafe(WordEvent(spoken, 1000.0 * start_s))
 
     def _end(self, error: BaseException | None) -> None:
+        self._loop.call_soon_threadsafe(self._release)
         if error is None:
             self._loop.call_soon_threadsafe(self._finish)
         else:

@@ -92,6 +92,7 @@ async def test_an_engine_exception_ends_only_its_own_turn(engine):
         raise RuntimeError("decoder exploded")
 
     bad._audio = explode
+    await asyncio.sleep(0.01)  # each stream takes its slot on the next loop iteration
     bad._session.on_audio = explode
     for s in (bad, good):
         s.push_text("Hello there, friend.")
@@ -128,3 +129,18 @@ async def test_churn_leaves_no_slots_or_tasks(engine):
         await asyncio.sleep(0.01)
     assert engine.loop.busy_slots == 0 and engine.loop.waiting_sessions == 0
     assert {t for t in asyncio.all_tasks()} - before <= {asyncio.current_task()}
+
+
+async def test_a_sessions_queued_turns_hold_one_slot_and_empty_turns_take_none(engine):
+    group = object()
+    turns = [engine.stream(group=group) for _ in range(4)]
+    for t in turns:
+        t.push_text("Hello there, friend.")
+        t.end_input()
+    await asyncio.sleep(0.05)
+    assert engine.loop.busy_slots + engine.loop.waiting_sessions <= 1
+    results = [await _collect(t, 60) for t in turns]
+    assert all(any(isinstance(i, AudioChunk) for i in r) for r in results)
+    empty = engine.stream(group=group)
+    empty.end_input()
+    assert await _collect(empty, 5) == []

@@ -114,10 +114,12 @@ async def test_bad_input_gets_error_events_and_the_connection_keeps_working(serv
         await ws.send_json({"type": "config", "engine": "nope"})
         await ws.send_json({"type": "config", "voice": "nobody"})
         await ws.send_json({"type": "config", "sample_rate": 3})
+        await ws.send_json({"type": "config", "engine": ["piper"]})
+        await ws.send_json({"type": "config", "voice": {"a": 1}})
         await ws.send_json({"type": "dance"})
-        codes = [(await receive_json(ws))["code"] for _ in range(7)]
+        codes = [(await receive_json(ws))["code"] for _ in range(9)]
         assert codes == ["bad_json", "message_too_large", "binary_input", "unknown_engine",
-                         "unknown_voice", "bad_config", "unknown_type"]
+                         "unknown_voice", "bad_config", "bad_config", "bad_config", "unknown_type"]
         await speak(ws, "ok", "Still here.")
         messages = await collect(ws, "ok")
         assert any(isinstance(m, bytes) for m in messages)
