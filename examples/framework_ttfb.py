@@ -5,8 +5,8 @@
 - LiveKit Agents: ``TTSMetrics.ttfb`` (``_mark_started()`` at the first text sent → first
   audio frame out of the ``AudioEmitter``), one ``stream()`` per reply.
 
-Each reply is pushed as word-sized tokens all at once (an LLM faster than the TTS; use
-``--token-rate`` for a paced LLM). The remote mode starts ``myna serve`` on 127.0.0.1 itself.
+Each reply is pushed as LLM-like token chunks (``myna.rtc.client.token_chunks``) all at once
+(an LLM faster than the TTS; use ``--token-rate`` for a paced LLM). The remote mode starts ``myna serve`` on 127.0.0.1 itself.
 Run it in the loopback-only namespace, e.g.::
 
     unshare -n sh -c 'ip link set lo up; .venv/bin/python examples/framework_ttfb.py'
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import re
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,7 @@ import time
 import urllib.request
 
 from myna.engines.piper import PiperEngine
+from myna.rtc.client import token_chunks
 
 SENTENCES = [
     "The weather today is sunny with a light breeze from the west.",
@@ -35,10 +35,6 @@ SENTENCES = [
     "She painted the old fence green and planted roses along it.",
     "Thank you for calling, your order will arrive on Friday.",
 ]
-
-
-def tokens(text: str) -> list[str]:
-    return re.findall(r"\S+\s*", text)
 
 
 async def pipecat_ttfb(kwargs: dict, text: str, token_rate: float) -> float:
@@ -50,7 +46,7 @@ async def pipecat_ttfb(kwargs: dict, text: str, token_rate: float) -> float:
     from myna.integrations.pipecat import MynaTTSService
 
     frames = [LLMFullResponseStartFrame()]
-    for t in tokens(text):
+    for t in token_chunks(text):
         frames.append(LLMTextFrame(t))
         if token_rate:
             frames.append(SleepFrame(sleep=1.0 / token_rate))
@@ -65,7 +61,7 @@ async def livekit_ttfb(tts, text: str, token_rate: float) -> float:
     got: list[float] = []
     tts.on("metrics_collected", lambda m: got.append(m.ttfb))
     async with tts.stream() as stream:
-        for t in tokens(text):
+        for t in token_chunks(text):
             stream.push_text(t)
             if token_rate:
                 await asyncio.sleep(1.0 / token_rate)

@@ -56,6 +56,15 @@ class WordEvent:
 StreamItem = AudioChunk | WordEvent
 
 
+def spoken_word(word: str) -> str:
+    """A word as :class:`WordEvent` carries it (captions): surrounding punctuation removed.
+
+    >>> spoken_word('"Hello,"')
+    'Hello'
+    """
+    return word.strip(".,;:!?\"'()[]{}…-—") or word
+
+
 class EngineError(Exception):
     """A synthesis failure that ends one turn; carries a contract error ``code``."""
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from myna.engines.base import AudioChunk, Engine, EngineError, SynthesisStream, WordEvent
+from myna.engines.base import AudioChunk, Engine, EngineError, SynthesisStream, WordEvent, spoken_word
 
 log = logging.getLogger(__name__)
 
@@ -183,8 +183,7 @@ class DSMStream(SynthesisStream):
         self._emit_threadsafe(AudioChunk(pcm, self.engine.sample_rate))
 
     def _word(self, word: str, start_s: float) -> None:
-        spoken = word.strip(".,;:!?\"'()[]{}…-—") or word  # as captions show it (WordEvent)
-        self._emit_threadsafe(WordEvent(spoken, 1000.0 * start_s))
+        self._emit_threadsafe(WordEvent(spoken_word(word), 1000.0 * start_s))
 
     def _end(self, error: BaseException | None) -> None:
         self._loop.call_soon_threadsafe(self._release)

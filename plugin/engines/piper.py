@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from myna.engines.base import AudioChunk, Engine, EngineError, SynthesisStream, WordEvent
+from myna.engines.base import AudioChunk, Engine, EngineError, SynthesisStream, WordEvent, spoken_word
 from myna.text import ClauseChunker
 from myna.text.normalise import has_speech
 
@@ -398,7 +398,7 @@ class PiperStream(SynthesisStream):
                     starts = [max(0.0, s - trimmed_ms) for s in starts]
                     first = len(pcm) == 0
                 for word, start in zip(clause.split(), starts):
-                    self._emit(WordEvent(word=_spoken(word), start_ms=turn_ms + start))
+                    self._emit(WordEvent(word=spoken_word(word), start_ms=turn_ms + start))
                 if len(pcm):
                     self._emit(AudioChunk(pcm=pcm, sample_rate=self._engine.sample_rate))
                 turn_ms += 1000.0 * len(pcm) / self._engine.sample_rate
@@ -418,8 +418,3 @@ def _trim_lead_in(pcm: np.ndarray, sample_rate: int) -> tuple[np.ndarray, float]
         return pcm[:0], 0.0
     cut = max(0, int(loud[0]) - int(sample_rate * LEAD_IN_MS / 1000))
     return pcm[cut:], 1000.0 * cut / sample_rate
-
-
-def _spoken(word: str) -> str:
-    """A word as shown in captions: surrounding punctuation removed."""
-    return word.strip(".,;:!?\"'()[]{}…-—") or word
