@@ -208,16 +208,16 @@ function renderLane(entry) {
 
 function setNumber(out, value, pending) {
   const has = value !== null && value !== undefined;
-  out.dataset.value = has ? String(Math.round(value * 10) / 10) : "";
-  out.textContent = has ? value.toFixed(0) : pending ? "…" : "—";
+  out.dataset.value = has ? String(round1(value)) : "";
+  out.textContent = has ? msText(value) : pending ? "…" : "—";
   out.classList.toggle("pending", !has && !!pending);
   out.classList.toggle("empty", !has && !pending);
 }
 
 function setFact(dd, value, pending) {
   const has = value !== null && value !== undefined;
-  dd.dataset.value = has ? String(Math.round(value * 10) / 10) : "";
-  dd.textContent = has ? `${value.toFixed(0)} ms` : pending ? "…" : "—";
+  dd.dataset.value = has ? String(round1(value)) : "";
+  dd.textContent = has ? `${msText(value)} ms` : pending ? "…" : "—";
 }
 
 // -- turn events ---------------------------------------------------------------------------
@@ -375,6 +375,9 @@ function finishRace(timedOut = false) {
 }
 
 const round1 = (v) => (v === null || v === undefined ? null : Math.round(v * 10) / 10);
+// Whole milliseconds as shown everywhere: from the 0.1 ms value the history stores, so a lane and
+// its history row never round the same measurement differently (484.46 → 484.5 → "485" in both).
+const msText = (v) => round1(v).toFixed(0);
 
 function announce(text) {
   ui.raceStatus.textContent = text;
@@ -435,7 +438,7 @@ function renderHistory() {
       const row = document.createElement("tr");
       row.dataset.lane = name;
       const info = entries.get(name)?.info || KNOWN[name] || { title: name, color: "#888" };
-      const f = (v) => (v === null || v === undefined ? "—" : v.toFixed(0));
+      const f = (v) => (v === null || v === undefined ? "—" : msText(v));
       const cells = [
         null,
         f(p.p50),
