@@ -111,6 +111,7 @@ class _Turn:
         self.playing = False
         self.first_audio_sent = False
         self.starving = False
+        self.starved_at: float | None = None  # when the current gap or underrun began (clock s)
         self.resume_fade = False
         self.underruns = 0
         self.stats = ProducerStats(text_at)
@@ -263,8 +264,12 @@ class Playout:
         return not self._turns
 
     def audio_runs_out_at(self) -> float:
-        """When the audio queued now (every turn's) will have played out (``clock`` s); now
-        when nothing is queued. A synthesis job for this session is due then."""
+        """When the audio queued now (every turn's) will have played out (``clock`` s): a
+        synthesis job for this session is due then. When the playing turn is in a gap or an
+        underrun with nothing queued, the instant its audio ran out; now when idle."""
+        head = self._turns[0] if self._turns else None
+        if head is not None and head.starving and head.starved_at is not None and not head.buffered:
+            return head.starved_at
         return self._clock() + sum(t.buffered for t in self._turns) / SAMPLE_RATE
 
     # -- transport side ------------------------------------------------------------------
@@ -303,6 +308,7 @@ class Playout:
                 if k:
                     seg[-k:] *= np.linspace(1.0, 0.0, k, dtype=np.float32)
                 if not turn.starving:
+                    turn.starved_at = self._clock() + len(seg) / SAMPLE_RATE
                     if self.chunks_end_at_words:
                         turn.gap_open = [turn.played + len(seg), 0]
                     else:

@@ -50,8 +50,8 @@ log = logging.getLogger(__name__)
 
 #: Leading silence kept before the first audible sample of a turn (ms).
 LEAD_IN_MS = 5.0
-#: Synthesised once at start-up (after a first run that pays for set-up) to measure the cost.
-WARM_UP_TEXT = "The voice is loaded, warmed up and ready to speak."
+#: Synthesised at start-up (after a first run that pays for set-up) to measure the cost of a job.
+WARM_UP_TEXTS = ("Hello there.", "The voice is loaded, warmed up and ready to speak to you now.")
 _SILENCE = 0.003  # |sample| below this counts as silence when trimming the turn's start
 
 
@@ -200,7 +200,9 @@ class PiperEngine(Engine):
     async def _start(self) -> None:
         await self.scheduler.run(self._load)
         await self.scheduler.run(self.synthesize_clause, "Ready.")  # the first run pays for set-up
-        await self.scheduler.run(self.synthesize_clause, WARM_UP_TEXT)  # measures the cost per character
+        self.cost = ComputeCost()  # measure from warm runs only
+        for text in WARM_UP_TEXTS:  # a short and a long job: the overhead and the cost per character
+            await self.scheduler.run(self.synthesize_clause, text)
 
     def _load(self) -> None:
         import onnxruntime as ort
@@ -352,10 +354,11 @@ class PiperStream(SynthesisStream):
 
     Each unit from the chunker becomes one or more jobs (:func:`split_unit`, sized by
     :meth:`PiperEngine.max_job_chars`), run in deadline order on the engine's scheduler. The
-    first job's deadline is now; each later job's is when the audio already made will have
-    played out: ``group.audio_runs_out_at()`` when the group offers it (a session knows its
-    playout), else the stream's own estimate (playback from the first chunk, in real time).
-    Without a group (offline synthesis) every job's deadline is the moment it is queued.
+    first job's deadline is now, and so is every job's until the turn's first audio is out (the
+    listener has been waiting since); each later job's is when the audio already made will
+    have played out: ``group.audio_runs_out_at()`` when the group offers it (a session knows
+    its playout), else the stream's own estimate (playback from the first chunk, in real
+    time). Without a group (offline synthesis) every job's deadline is the moment it is queued.
 
     Args:
         engine: the loaded engine.
@@ -372,6 +375,7 @@ class PiperStream(SynthesisStream):
         self._chunker = chunker if chunker is not None else ClauseChunker()
         self._release_at_end = release_at_end
         self._clauses: asyncio.Queue[str | None] = asyncio.Queue()
+        self._waiting_since: float | None = None  # when the turn's first job was queued (monotonic s)
         self._first_out_at: float | None = None  # when the turn's first audio was emitted (monotonic s)
         self._out_s = 0.0  # audio emitted so far (s)
         self._task = self._loop.create_task(self._run())
@@ -431,10 +435,17 @@ class PiperStream(SynthesisStream):
             self._emit(item)
 
     def _deadline(self) -> float | None:
-        """When this turn's emitted audio runs out (monotonic s); None (now) before any, and
-        always without a group (nobody is listening in real time: ``myna say``, tests)."""
-        if self._first_out_at is None or self._group is None:
+        """When this turn's emitted audio runs out (monotonic s). Before any audio is out, the
+        listener has been waiting since the first job was queued: every job until then is due
+        at that instant (so a whole reply's jobs keep their place instead of sharing the
+        threads with later turns). None (now) without a group: nobody listens in real time
+        (``myna say``, tests)."""
+        if self._group is None:
             return None
+        if self._first_out_at is None:
+            if self._waiting_since is None:
+                self._waiting_since = time.monotonic()
+            return self._waiting_since
         own = self._first_out_at + self._out_s  # a lower bound: playback cannot start earlier or run faster
         runs_out = getattr(self._group, "audio_runs_out_at", None)
         return max(own, runs_out()) if runs_out is not None else own

@@ -163,40 +163,54 @@ class DeadlineScheduler:
 
 
 class ComputeCost:
-    """An engine's measured compute cost per character of text, to size its jobs.
+    """An engine's measured compute time for a job of text, to size its jobs.
 
-    Seconds per character = the engine's real-time factor × seconds of speech per character; it
-    is measured directly (wall seconds of each job ÷ its characters) and smoothed over recent
-    jobs, so it follows the host's load. Jobs shorter than ``min_chars`` are not measured (their
-    fixed overhead would dominate). Thread-safe: jobs report from the engine's threads.
+    A job costs a fixed overhead (phonemising, starting the model) plus a time per character
+    (the engine's real-time factor × seconds of speech per character). Both are fitted to the
+    wall time of recent jobs by exponentially weighted least squares, so the estimate follows
+    the host's load. Thread-safe: jobs report from the engine's threads.
 
     Args:
-        prior_s_per_char: the estimate before any job was measured (s per character).
-        weight: weight of the newest measurement in the running mean (0–1).
-        min_chars: shortest job measured.
+        overhead_s: prior fixed cost of a job (s).
+        s_per_char: prior cost per character (s).
+        weight: weight of each new measurement (0–1); the prior counts as two measurements.
     """
 
-    def __init__(self, prior_s_per_char: float = 0.01, weight: float = 0.2, min_chars: int = 16):
-        self._s_per_char = prior_s_per_char
-        self._measured = False  # the first measurement replaces the prior
+    def __init__(self, overhead_s: float = 0.05, s_per_char: float = 0.005, weight: float = 0.1):
         self.weight = weight
-        self.min_chars = min_chars
         self._lock = threading.Lock()
-
-    @property
-    def s_per_char(self) -> float:
-        """Current estimate (s of compute per character)."""
-        return self._s_per_char
+        # Weighted moments of (chars, seconds), seeded with the prior line at 10 and 100 characters.
+        xs = (10.0, 100.0)
+        ys = tuple(overhead_s + s_per_char * x for x in xs)
+        self._x, self._y = sum(xs) / 2, sum(ys) / 2
+        self._xx = sum(x * x for x in xs) / 2
+        self._xy = sum(x * y for x, y in zip(xs, ys)) / 2
+        self.overhead_s, self.s_per_char = overhead_s, s_per_char
 
     def observe(self, chars: int, seconds: float) -> None:
         """Record a job of ``chars`` characters that took ``seconds`` of wall time."""
-        if chars < self.min_chars or seconds <= 0:
+        if chars <= 0 or seconds <= 0:
             return
+        w = self.weight
         with self._lock:
-            weight = self.weight if self._measured else 1.0
-            self._s_per_char += weight * (seconds / chars - self._s_per_char)
-            self._measured = True
+            self._x += w * (chars - self._x)
+            self._y += w * (seconds - self._y)
+            self._xx += w * (chars * chars - self._xx)
+            self._xy += w * (chars * seconds - self._xy)
+            var = self._xx - self._x * self._x
+            slope = (self._xy - self._x * self._y) / var if var > 1.0 else 0.0
+            if slope > 0:
+                self.s_per_char = slope
+                self.overhead_s = max(0.0, self._y - slope * self._x)
+            else:  # jobs of one size, or noise: keep the overhead, refit the slope through the mean
+                self.s_per_char = max(1e-5, (self._y - self.overhead_s) / self._x)
+
+    def seconds(self, chars: int) -> float:
+        """Expected compute of a job of ``chars`` characters (s)."""
+        return self.overhead_s + self.s_per_char * chars
 
     def max_chars(self, budget_s: float = MAX_JOB_S, floor: int = 24) -> int:
-        """The most characters one job may hold to stay within ``budget_s`` (at least ``floor``)."""
-        return max(floor, int(budget_s / max(self._s_per_char, 1e-6) + 1e-6))
+        """The most characters one job may hold to stay within ``budget_s``, but at least
+        ``floor`` (a piece of about four words: splitting finer costs more in prosody than it
+        saves in waiting, and a host that slow cannot keep the bound anyway)."""
+        return max(floor, int((budget_s - self.overhead_s) / self.s_per_char + 1e-6))
