@@ -25,26 +25,28 @@ def free_port() -> int:
 
 
 class Server:
-    """``python -m MODULE --port P ARGS...`` on a free loopback port, its output in a log file.
+    """``python -m MODULE ARGS... --port P`` on a free loopback port, its output in a log file.
 
     Args:
-        module: the module to run (it must take ``--port`` and serve ``GET /healthz``).
-        args: more command-line arguments.
+        argv: the module and its arguments (it must take ``--port`` last and serve ``GET /healthz``).
         name: what to call it in errors.
         timeout: seconds to wait for ``/healthz`` to answer 200.
+        log_path: where its output goes (default: a new temporary file).
 
     Raises:
         SystemExit: the server exited or did not become ready (the log's tail is in the message).
     """
 
-    def __init__(self, module: str, args: list[str], name: str, timeout: float = 180.0):
+    def __init__(self, argv: list[str], name: str, timeout: float = 180.0, log_path: str | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        log = tempfile.NamedTemporaryFile(prefix=f"myna-bench-{name}-", suffix=".log", delete=False)
-        self.log_path = log.name
-        self.proc = subprocess.Popen([sys.executable, "-m", module, "--port", str(self.port), *args],
-                                     stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        log.close()
+        if log_path is None:
+            with tempfile.NamedTemporaryFile(prefix=f"myna-bench-{name}-", suffix=".log", delete=False) as f:
+                log_path = f.name
+        self.log_path = log_path
+        with open(log_path, "w") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", *argv, "--port", str(self.port)], stdout=log,
+                                         stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and self.proc.poll() is None:
             try:
@@ -56,9 +58,10 @@ class Server:
         self.stop()
         with open(self.log_path, errors="replace") as f:
             tail = f.read()[-2000:]
-        raise SystemExit(f"bench: the {name} did not become ready:\n{tail}")
+        raise SystemExit(f"the {name} did not become ready:\n{tail}")
 
-    def stop(self) -> None:
+    def stop(self) -> int:
+        """Terminate it (kill after 15 s); returns its exit status."""
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -66,6 +69,7 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        return self.proc.returncode
 
 
 class BusyLoad:

@@ -128,13 +128,13 @@ def run(args: argparse.Namespace) -> int:
         if args.server:
             url = args.server.rstrip("/")
         else:
-            servers.append(Server("myna.bench.worker", ["--engines", ",".join(plan.engines)], "worker"))
+            servers.append(Server(["myna.bench.worker", "--engines", ",".join(plan.engines)], "worker"))
             url = servers[-1].url
         systems = [System(e, url, e, server="myna") for e in plan.engines]
         for label, other in compares:
             systems += [System(f"{label}:{e}", other, e, server=label) for e in plan.engines]
         for peer in args.peer:
-            servers.append(Server(f"myna.bench.{peer}_peer", [], f"{peer} peer"))
+            servers.append(Server([f"myna.bench.{peer}_peer"], f"{peer} peer"))
             systems += [System(f"{peer}-{mode}", servers[-1].url, mode, server=peer, peer=True,
                                quiet_tail_s=PEER_QUIET_TAIL_S) for mode in ("sentence", "token")]
         with BusyLoad(plan.load):

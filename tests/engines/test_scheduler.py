@@ -52,34 +52,44 @@ async def _blocked(scheduler: DeadlineScheduler) -> tuple[threading.Event, async
     return gate, job
 
 
-async def test_the_earliest_deadline_runs_first_and_ties_keep_their_order():
+@pytest.fixture
+async def busy():
+    """A one-thread scheduler on a virtual clock (horizon out of the way), its thread held:
+    (clock, scheduler, release)."""
     clock = Clock()
     scheduler = DeadlineScheduler(1, "test", clock=clock, horizon_s=60.0)
     gate, first = await _blocked(scheduler)
+
+    async def release():
+        gate.set()
+        await first
+
+    yield clock, scheduler, release
+    scheduler.shutdown()
+
+
+async def test_the_earliest_deadline_runs_first_and_ties_keep_their_order(busy):
+    clock, scheduler, release = busy
     order: list[str] = []
     deadlines = {"e": 5.0, "a": 1.0, "c": 3.0, "b1": 2.0, "d": 4.0, "b2": 2.0}
     jobs = [asyncio.ensure_future(scheduler.run(order.append, name, deadline=clock.t + d))
             for name, d in deadlines.items()]
     await asyncio.sleep(0.01)
     assert order == [] and scheduler.queued == 6  # the thread is busy: everything waits
-    gate.set()
-    await asyncio.gather(first, *jobs)
+    await release()
+    await asyncio.gather(*jobs)
     assert order == ["a", "b1", "b2", "c", "d", "e"]
-    scheduler.shutdown()
 
 
-async def test_a_turns_first_job_overtakes_sessions_that_have_audio_queued():
-    clock = Clock()
-    scheduler = DeadlineScheduler(1, "test", clock=clock)
-    gate, first = await _blocked(scheduler)
+async def test_a_turns_first_job_overtakes_sessions_that_have_audio_queued(busy):
+    clock, scheduler, release = busy
     order: list[str] = []
     ahead = [asyncio.ensure_future(scheduler.run(order.append, f"ahead{i}", deadline=clock.t + 2.5)) for i in range(2)]
     await asyncio.sleep(0)
     new = asyncio.ensure_future(scheduler.run(order.append, "first job"))  # deadline: now
-    gate.set()
-    await asyncio.gather(first, new, *ahead)
+    await release()
+    await asyncio.gather(new, *ahead)
     assert order[0] == "first job"
-    scheduler.shutdown()
 
 
 async def test_a_session_beyond_the_horizon_waits_even_with_an_idle_thread():
@@ -103,10 +113,8 @@ async def test_a_session_beyond_the_horizon_waits_even_with_an_idle_thread():
     scheduler.shutdown()
 
 
-async def test_drop_removes_a_sessions_queued_jobs_at_once():
-    clock = Clock()
-    scheduler = DeadlineScheduler(1, "test", clock=clock)
-    gate, first = await _blocked(scheduler)
+async def test_drop_removes_a_sessions_queued_jobs_at_once(busy):
+    clock, scheduler, release = busy
     ran: list[str] = []
     mine, other = object(), object()
     dropped = [asyncio.ensure_future(scheduler.run(ran.append, f"x{i}", owner=mine)) for i in range(3)]
@@ -114,13 +122,12 @@ async def test_drop_removes_a_sessions_queued_jobs_at_once():
     await asyncio.sleep(0)
     assert scheduler.drop(mine) == 3
     assert scheduler.queued == 1  # gone before any thread is free
-    gate.set()
-    await asyncio.gather(first, kept)
+    await release()
+    await kept
     for job in dropped:
         with pytest.raises(asyncio.CancelledError):
             await job
     assert ran == ["kept"]
-    scheduler.shutdown()
 
 
 async def test_errors_reach_the_caller_and_the_scheduler_carries_on():
