@@ -10,10 +10,11 @@ pipeline with sentence and with token aggregation (:mod:`myna.bench.pipecat_peer
 
 Three parts, in one run:
 
-1. **Cells.** For each concurrency level N every system holds N sessions (each warmed up by one
-   unmeasured turn). Turn by turn, each system in a rotating order has its N sessions speak the
-   same reply at once, once per ``--token-rate`` (0: sent whole), so systems are interleaved
-   and share the host's load alike. Per cell (system × sessions × rate): perceived TTFA p50,
+1. **Cells.** For each concurrency level N, turn by turn, each system in a rotating order opens
+   N sessions, warms each up with one unmeasured turn, has them speak the same reply at once
+   (once per ``--token-rate``; 0: sent whole) and closes them. So systems are interleaved and
+   share the host's load alike, and no system's idle sessions load the host while another is
+   measured. Per cell (system × sessions × rate): perceived TTFA p50,
    IQR, p95; server TTFA p50; pre-roll max (``first_audio.pre_roll_ms``); gaps (each turn's
    ``turn_done.gap_ms.total``: p95 over turns, and the sum); underruns; RTF; with ``--wer``,
    Whisper WER of what was heard.
@@ -249,34 +250,44 @@ async def run_cells(plan: Plan, systems: list[System]) -> list[dict]:
     """Every system × concurrency level × rate, systems interleaved turn by turn."""
     rows: dict[tuple, dict] = {}
     for n in plan.levels:
-        clients = {s: await open_clients(s, n) for s in systems}
-        try:
-            for s in systems:  # warm-up: a fresh session's first turn is not measured
-                await asyncio.gather(*(c.speak("Hello.", None) for c in clients[s]))
-            for i in range(plan.turns):
-                text = plan.texts[i % len(plan.texts)]
-                for rate in plan.rates:
-                    k = i % len(systems)
-                    for s in systems[k:] + systems[:k]:
-                        before = None if s.peer else await engine_stats(s.url)
-                        results = await asyncio.gather(*(c.speak(text, rate or None) for c in clients[s]))
-                        after = None if s.peer else await engine_stats(s.url)
-                        row = rows.setdefault((s.label, n, rate), {"system": s.label, "engine": s.engine, "peer": s.peer,
-                                                                   "sessions": n, "token_rate": rate, "heard": [],
-                                                                   "busy_s": 0.0, "audio_s": 0.0})
-                        row["heard"] += [Heard.of(r, text) for r in results]
-                        if before and after and s.engine in before and s.engine in after:
-                            row["busy_s"] += after[s.engine]["busy_s"] - before[s.engine]["busy_s"]
-                            row["audio_s"] += after[s.engine]["audio_s"] - before[s.engine]["audio_s"]
-                    print(f"  turn {i + 1}/{plan.turns} ×{n} at {_rate(rate)} done", file=sys.stderr, flush=True)
-        finally:
-            await asyncio.gather(*(c.close() for cs in clients.values() for c in cs), return_exceptions=True)
+        for i in range(plan.turns):
+            text = plan.texts[i % len(plan.texts)]
+            for rate in plan.rates:
+                k = i % len(systems)
+                for s in systems[k:] + systems[:k]:
+                    row = rows.setdefault((s.label, n, rate), {"system": s.label, "engine": s.engine, "peer": s.peer,
+                                                               "sessions": n, "token_rate": rate, "heard": [],
+                                                               "busy_s": 0.0, "audio_s": 0.0})
+                    await _turn(s, n, text, rate, row)
+                print(f"  turn {i + 1}/{plan.turns} ×{n} at {_rate(rate)} done", file=sys.stderr, flush=True)
     out = []
     for row in rows.values():
         busy, audio = row.pop("busy_s"), row.pop("audio_s")
         row.update(summarise(row["heard"]), rtf=round(busy / audio, 4) if audio > 0 else None)
         out.append(row)
     return out
+
+
+async def _turn(s: System, n: int, text: str, rate: float, row: dict) -> None:
+    """One measured turn of ``n`` fresh sessions speaking ``text`` at once, into ``row``.
+
+    Sessions live only for their turn: another system's idle sessions would load the host
+    while this one is measured (a Pipecat session sends silence every 10 ms). Each first speaks
+    one unmeasured turn, so that no fresh-session cost (a new Pipecat voice's first inference)
+    is measured.
+    """
+    clients = await open_clients(s, n)
+    try:
+        await asyncio.gather(*(c.speak("Hello.", None) for c in clients))
+        before = None if s.peer else await engine_stats(s.url)
+        results = await asyncio.gather(*(c.speak(text, rate or None) for c in clients))
+        after = None if s.peer else await engine_stats(s.url)
+    finally:
+        await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
+    row["heard"] += [Heard.of(r, text) for r in results]
+    if before and after and s.engine in before and s.engine in after:
+        row["busy_s"] += after[s.engine]["busy_s"] - before[s.engine]["busy_s"]
+        row["audio_s"] += after[s.engine]["audio_s"] - before[s.engine]["audio_s"]
 
 
 # -- 2. races ----------------------------------------------------------------------------
