@@ -209,8 +209,6 @@ class ComputeCost:
         """Expected compute of a job of ``chars`` characters (s)."""
         return self.overhead_s + self.s_per_char * chars
 
-    def max_chars(self, budget_s: float = MAX_JOB_S, floor: int = 24) -> int:
-        """The most characters one job may hold to stay within ``budget_s``, but at least
-        ``floor`` (a piece of about four words: splitting finer costs more in prosody than it
-        saves in waiting, and a host that slow cannot keep the bound anyway)."""
-        return max(floor, int((budget_s - self.overhead_s) / self.s_per_char + 1e-6))
+    def max_chars(self, budget_s: float = MAX_JOB_S) -> int:
+        """The most characters one job may hold to stay within ``budget_s`` (at least 1)."""
+        return max(1, int((budget_s - self.overhead_s) / self.s_per_char + 1e-6))

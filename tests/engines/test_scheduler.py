@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from myna.engines import AudioChunk
-from myna.engines.piper import PiperEngine, split_unit
+from myna.engines.piper import MIN_JOB_CHARS, PiperEngine, split_unit
 from myna.engines.scheduler import ComputeCost, DeadlineScheduler
 
 
@@ -149,8 +149,7 @@ def test_the_cost_is_fitted_to_measured_jobs_and_sizes_them():
             cost.observe(chars, 0.1 + 0.01 * chars)  # 100 ms per job, 10 ms per character
     assert cost.overhead_s == pytest.approx(0.1, abs=0.005)
     assert cost.s_per_char == pytest.approx(0.01, rel=0.05)
-    assert cost.max_chars(0.3, floor=1) == pytest.approx(20, abs=1)
-    assert cost.max_chars(0.3) == 24  # never below the floor: about four words
+    assert cost.max_chars(0.3) == pytest.approx(20, abs=1)
     for _ in range(30):
         for chars in (10, 50, 100):
             cost.observe(chars, 2 * (0.1 + 0.01 * chars))  # the host got busy: twice as slow
@@ -158,7 +157,7 @@ def test_the_cost_is_fitted_to_measured_jobs_and_sizes_them():
     assert cost.seconds(100) == pytest.approx(2.2, rel=0.1)
 
 
-@pytest.mark.parametrize("max_chars", [12, 30, 60])
+@pytest.mark.parametrize("max_chars", [12, 30, 64, 100])
 def test_split_unit_keeps_every_word_within_the_bound(max_chars):
     text = ("Your order ships on Friday, and the courier will call an hour before arriving so that "
             "somebody can be at home to sign for the parcel and check it")
@@ -166,7 +165,8 @@ def test_split_unit_keeps_every_word_within_the_bound(max_chars):
     assert " ".join(pieces) == text
     assert all(len(p) <= 1.25 * max_chars for p in pieces)  # "about" the bound
     assert min(len(p) for p in pieces) >= max_chars / 4 or len(pieces) == 1  # balanced, no stray tail
-    assert not any(p.split()[-1] in ("the", "a", "to", "is", "can", "be") for p in pieces)  # no piece leans on the next
+    if max_chars >= 30:  # (at 12 characters some piece must end on one)
+        assert not any(p.split()[-1] in ("the", "a", "to", "is", "can", "be") for p in pieces)  # none leans on the next
 
 
 def test_split_unit_cuts_where_a_speaker_would_pause():
@@ -206,15 +206,34 @@ async def _drain(stream) -> list:
 
 
 async def test_a_long_unit_becomes_jobs_of_bounded_compute():
-    piper = VirtualPiper(s_per_char=0.005)  # 300 ms of compute is 60 characters
+    piper = VirtualPiper(s_per_char=0.001)
+    piper.engine.max_job_s = 0.08  # 80 characters
     stream = piper.engine.stream()
     stream.push_text(LONG_CLAUSE)
     stream.end_input()
     items = await _drain(stream)
-    assert len(piper.jobs) >= len(LONG_CLAUSE) * 0.005 / 0.3
-    assert max(job["compute_s"] for job in piper.jobs) <= piper.engine.max_job_s
+    assert len(piper.jobs) >= 2
+    assert max(job["compute_s"] for job in piper.jobs) <= 1.25 * piper.engine.max_job_s  # "about" the bound
     assert " ".join(job["text"] for job in piper.jobs) == LONG_CLAUSE
     assert [i.word for i in items if not isinstance(i, AudioChunk)] == LONG_CLAUSE.split()
+    piper.engine.scheduler.shutdown()
+
+
+async def test_a_clause_is_never_cut_into_pieces_shorter_than_the_floor():
+    """On a host so slow that 300 ms is a few words, pieces stay about 12 words long: each cut
+    inside a clause is heard (tests/engines/test_piper.py has the Whisper figures)."""
+    from myna.text import ClauseChunker
+
+    text = LONG_CLAUSE + " and then some more words to end it."
+    chunker = ClauseChunker()
+    units = [u for w in text.split() for u in chunker.push(w)] + chunker.flush()
+    piper = VirtualPiper(s_per_char=0.02)  # 300 ms of compute: 15 characters
+    stream = piper.engine.stream()
+    stream.push_text(text)
+    stream.end_input()
+    await _drain(stream)
+    assert len(piper.jobs) == sum(-(-len(u) // MIN_JOB_CHARS) for u in units)  # as few cuts as the floor allows
+    assert all(len(job["text"]) >= MIN_JOB_CHARS / 2 for job in piper.jobs)  # balanced halves at worst
     piper.engine.scheduler.shutdown()
 
 
