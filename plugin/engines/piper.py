@@ -163,6 +163,7 @@ class PiperEngine(Engine):
         with open(self.config_path, encoding="utf-8") as f:
             self.sample_rate = int(json.load(f)["audio"]["sample_rate"])
         self.scheduler = DeadlineScheduler(workers or default_workers(), "piper", horizon_s=horizon_s)
+        self._group_tails: dict[object, asyncio.Future] = {}  # each group's last turn (turns go in order)
         self.cost = ComputeCost()
         self.max_job_s = max_job_s
         self._voice = None
@@ -361,12 +362,11 @@ class PiperStream(SynthesisStream):
     """One turn on the Piper engine: clauses are synthesised in order as they complete.
 
     Each unit from the chunker becomes one or more jobs (:func:`split_unit`, sized by
-    :meth:`PiperEngine.max_job_chars`), run in deadline order on the engine's scheduler. The
-    first job's deadline is now, and so is every job's until the turn's first audio is out (the
-    listener has been waiting since); each later job's is when the audio already made will
-    have played out: ``group.audio_runs_out_at()`` when the group offers it (a session knows
-    its playout), else the stream's own estimate (playback from the first chunk, in real
-    time). Without a group (offline synthesis) every job's deadline is the moment it is queued.
+    :meth:`PiperEngine.max_job_chars`), run in deadline order on the engine's scheduler, each
+    due when the session's queued audio runs out (:meth:`_deadline`): ``group.audio_runs_out_at()``
+    when the group offers it (a session knows its playout), else the stream's own estimate.
+    A group's turns are synthesised one after another, as they will play: a client that queues
+    twelve turns holds one job's place, not twelve.
 
     Args:
         engine: the loaded engine.
@@ -383,9 +383,16 @@ class PiperStream(SynthesisStream):
         self._chunker = chunker if chunker is not None else ClauseChunker()
         self._release_at_end = release_at_end
         self._clauses: asyncio.Queue[str | None] = asyncio.Queue()
-        self._waiting_since: float | None = None  # when the turn's first job was queued (monotonic s)
+        self._waiting_since: float | None = None  # the first job's deadline (monotonic s)
         self._first_out_at: float | None = None  # when the turn's first audio was emitted (monotonic s)
         self._out_s = 0.0  # audio emitted so far (s)
+        # The group's turns are synthesised one after another, as they will play.
+        self._after = engine._group_tails.get(group) if group is not None else None
+        self._done = self._loop.create_future()
+        if group is not None:
+            engine._group_tails[group] = self._done
+            self._done.add_done_callback(lambda _: engine._group_tails.get(group) is self._done
+                                         and engine._group_tails.pop(group))
         self._task = self._loop.create_task(self._run())
 
     def _on_words(self, words: list[str]) -> None:
@@ -401,6 +408,11 @@ class PiperStream(SynthesisStream):
     def _on_cancel(self) -> None:
         self._engine.scheduler.drop(self)  # queued jobs go at once (barge-in)
         self._task.cancel()
+        self._release()  # (a task cancelled before it ran never reaches its finally)
+
+    def _release(self) -> None:
+        if not self._done.done():
+            self._done.set_result(None)
 
     async def _run(self) -> None:
         rate = self._engine.sample_rate
@@ -408,6 +420,8 @@ class PiperStream(SynthesisStream):
         first = True
         held: list[StreamItem] = []  # release_at_end: everything, until the last job is done
         try:
+            if self._after is not None:
+                await asyncio.shield(self._after)  # the group's previous turn first
             while (clause := await self._clauses.get()) is not None:
                 for piece in split_unit(clause, self._engine.max_job_chars()):
                     pcm, starts = await self._engine.synthesize(piece, deadline=self._deadline(), owner=self)
@@ -432,6 +446,7 @@ class PiperStream(SynthesisStream):
             log.exception("piper synthesis failed")
             self._fail(EngineError("engine_failed", f"piper synthesis failed: {exc}"))
         finally:
+            self._release()
             self._finish()
 
     def _emit_all(self, items: list[StreamItem]) -> None:
@@ -443,19 +458,24 @@ class PiperStream(SynthesisStream):
             self._emit(item)
 
     def _deadline(self) -> float | None:
-        """When this turn's emitted audio runs out (monotonic s). Before any audio is out, the
-        listener has been waiting since the first job was queued: every job until then is due
-        at that instant (so a whole reply's jobs keep their place instead of sharing the
-        threads with later turns). None (now) without a group: nobody listens in real time
-        (``myna say``, tests)."""
+        """When the session's queued audio runs out (monotonic s), as the group tells it.
+
+        The first job is due when the group's audio runs out as it is queued: now when the
+        session is quiet, later behind a turn still playing. Until this turn's first audio
+        is out every job keeps that deadline (the listener has been waiting since, and a whole
+        reply's jobs keep their place instead of sharing the threads with later turns); after
+        it, the later of the group's figure and the stream's own lower bound (playback from the
+        first chunk, in real time). None (now) without a group: nobody listens in real time
+        (``myna say``, tests).
+        """
         if self._group is None:
             return None
+        runs_out = getattr(self._group, "audio_runs_out_at", None)
         if self._first_out_at is None:
             if self._waiting_since is None:
-                self._waiting_since = time.monotonic()
+                self._waiting_since = runs_out() if runs_out is not None else time.monotonic()
             return self._waiting_since
-        own = self._first_out_at + self._out_s  # a lower bound: playback cannot start earlier or run faster
-        runs_out = getattr(self._group, "audio_runs_out_at", None)
+        own = self._first_out_at + self._out_s  # playback cannot start earlier or run faster
         return max(own, runs_out()) if runs_out is not None else own
 
 

@@ -262,21 +262,41 @@ class Listener:
         return self.at
 
 
-async def test_later_jobs_are_due_when_the_sessions_audio_runs_out():
+async def test_jobs_are_due_when_the_sessions_audio_runs_out():
     import time
 
     piper = VirtualPiper(s_per_char=0.0005)
-    group = Listener(time.monotonic() + 30.0)
-    t0 = time.monotonic()
-    stream = piper.engine.stream(group=group)
+    quiet = Listener(time.monotonic())
+    stream = piper.engine.stream(group=quiet)
     stream.push_text("Hi, how are you today, my friend?")
     stream.end_input()
     await _drain(stream)
-    assert t0 <= piper.jobs[0]["deadline"] <= time.monotonic()  # a turn's first job: now
-    assert [job["deadline"] for job in piper.jobs[1:]] == [group.at] * (len(piper.jobs) - 1)
+    assert piper.jobs[0]["deadline"] == quiet.at  # a quiet session's first job: now
+    # Later jobs: when the audio already made runs out (the stream's own bound, here later).
+    assert all(job["deadline"] > quiet.at for job in piper.jobs[1:])
+    busy = Listener(time.monotonic() + 30.0)  # 30 s of audio still to play
+    stream = piper.engine.stream(group=busy)
+    stream.push_text("Hi, how are you today?")
+    stream.end_input()
+    before = len(piper.jobs)
+    await _drain(stream)
+    assert [job["deadline"] for job in piper.jobs[before:]] == [busy.at] * (len(piper.jobs) - before)
     offline = piper.engine.stream()  # nobody listening in real time: no deadlines, no horizon
     offline.push_text("Hi, how are you today?")
     offline.end_input()
     before = len(piper.jobs)
     await _drain(offline)
     assert all(job["deadline"] is None for job in piper.jobs[before:])
+
+
+async def test_a_groups_turns_are_synthesised_in_order_and_a_cancelled_one_lets_the_next_go():
+    piper = VirtualPiper()
+    group = Listener(0.0)
+    turns = [piper.engine.stream(group=group) for _ in range(3)]
+    for i, turn in enumerate(turns):
+        turn.push_text(f"Turn {i} says one thing and then another.")
+        turn.end_input()
+    turns[1].cancel()  # before it ever ran
+    await asyncio.wait_for(asyncio.gather(*(_drain(t) for t in turns)), 10)
+    said = [job["text"].split()[1] for job in piper.jobs]
+    assert said == sorted(said) and set(said) == {"0", "2"}  # turn 0's jobs, then turn 2's
