@@ -14,8 +14,8 @@ a piece of one, and it cannot be preempted once it runs. Which job runs next dec
   nothing to gain from more audio, and an idle thread is what a new session's first job needs.
 - **Bounded jobs.** EDF only helps if nothing blocks a thread for long, so engines keep each job
   to about :data:`MAX_JOB_S` of compute (Piper splits long units at word boundaries with the
-  measured cost of :class:`ComputeCost`). A waiting urgent job then waits at most one bounded
-  job per thread.
+  measured cost of :class:`ComputeCost`, but not into pieces so short that the cuts are heard;
+  :mod:`myna.engines.piper`). A waiting urgent job then waits at most one bounded job per thread.
 - **Drop.** :meth:`DeadlineScheduler.drop` (barge-in) removes an owner's queued jobs at once;
   their callers see :class:`asyncio.CancelledError`. A running job finishes, unseen.
 
