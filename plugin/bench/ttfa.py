@@ -14,7 +14,8 @@ Three parts, in one run:
    N sessions, warms each up with one unmeasured turn, has them speak the same reply at once
    (once per ``--token-rate``; 0: sent whole) and closes them. So systems are interleaved and
    share the host's load alike, and no system's idle sessions load the host while another is
-   measured. Per cell (system × sessions × rate): perceived TTFA p50,
+   measured. With ``--keep-sessions`` each system keeps its N sessions for the level: every
+   measured turn is then a later turn of one long session. Per cell (system × sessions × rate): perceived TTFA p50,
    IQR, p95; server TTFA p50; pre-roll max (``first_audio.pre_roll_ms``); gaps (each turn's
    ``turn_done.gap_ms.total``: p95 over turns, and the sum); underruns; RTF; with ``--wer``,
    Whisper WER of what was heard.
@@ -79,6 +80,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--compare", action="append", default=[], metavar="LABEL=URL",
                    help="also measure the same engines on another running worker (repeatable)")
     p.add_argument("--wer", action="store_true", help="Whisper tiny.en WER per cell (needs the dev extra)")
+    p.add_argument("--keep-sessions", action="store_true",
+                   help="keep each system's sessions for the whole level (default: new sessions for every turn)")
     p.add_argument("--baseline-repeats", type=int, default=5,
                    help="whole-reply syntheses for the non-streaming baseline, 0 to skip (default: %(default)s)")
     p.add_argument("--json", metavar="OUT", help="write the figures as JSON")
@@ -100,6 +103,7 @@ class Plan:
     join: int = 0
     wer: bool = False
     baseline_repeats: int = 0
+    keep_sessions: bool = False
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "Plan":
@@ -112,7 +116,7 @@ class Plan:
         if not engines or not levels or not rates or min(levels) < 1 or args.turns < 1 or min(rates) < 0 or args.load < 0:
             raise SystemExit("bench ttfa: need engines, concurrency levels ≥ 1, --turns ≥ 1, rates ≥ 0 and --load ≥ 0")
         return cls(engines, levels, args.turns, rates, args.text or [DEFAULT_TEXT], args.load, args.races, args.join,
-                   args.wer, args.baseline_repeats)
+                   args.wer, args.baseline_repeats, args.keep_sessions)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -250,16 +254,20 @@ async def run_cells(plan: Plan, systems: list[System]) -> list[dict]:
     """Every system × concurrency level × rate, systems interleaved turn by turn."""
     rows: dict[tuple, dict] = {}
     for n in plan.levels:
-        for i in range(plan.turns):
-            text = plan.texts[i % len(plan.texts)]
-            for rate in plan.rates:
-                k = i % len(systems)
-                for s in systems[k:] + systems[:k]:
-                    row = rows.setdefault((s.label, n, rate), {"system": s.label, "engine": s.engine, "peer": s.peer,
-                                                               "sessions": n, "token_rate": rate, "heard": [],
-                                                               "busy_s": 0.0, "audio_s": 0.0})
-                    await _turn(s, n, text, rate, row)
-                print(f"  turn {i + 1}/{plan.turns} ×{n} at {_rate(rate)} done", file=sys.stderr, flush=True)
+        kept = {s: await _warm_sessions(s, n) for s in systems} if plan.keep_sessions else {}
+        try:
+            for i in range(plan.turns):
+                text = plan.texts[i % len(plan.texts)]
+                for rate in plan.rates:
+                    k = i % len(systems)
+                    for s in systems[k:] + systems[:k]:
+                        row = rows.setdefault((s.label, n, rate), {"system": s.label, "engine": s.engine, "peer": s.peer,
+                                                                   "sessions": n, "token_rate": rate, "heard": [],
+                                                                   "busy_s": 0.0, "audio_s": 0.0})
+                        await _turn(s, kept.get(s) or await _warm_sessions(s, n), text, rate, row, close=not kept)
+                    print(f"  turn {i + 1}/{plan.turns} ×{n} at {_rate(rate)} done", file=sys.stderr, flush=True)
+        finally:
+            await asyncio.gather(*(c.close() for cs in kept.values() for c in cs), return_exceptions=True)
     out = []
     for row in rows.values():
         busy, audio = row.pop("busy_s"), row.pop("audio_s")
@@ -268,22 +276,29 @@ async def run_cells(plan: Plan, systems: list[System]) -> list[dict]:
     return out
 
 
-async def _turn(s: System, n: int, text: str, rate: float, row: dict) -> None:
-    """One measured turn of ``n`` fresh sessions speaking ``text`` at once, into ``row``.
-
-    Sessions live only for their turn: another system's idle sessions would load the host
-    while this one is measured (a Pipecat session sends silence every 10 ms). Each first speaks
-    one unmeasured turn, so that no fresh-session cost (a new Pipecat voice's first inference)
-    is measured.
-    """
+async def _warm_sessions(s: System, n: int) -> list:
+    """``n`` new sessions with ``s``, each past one unmeasured turn, so that no fresh-session
+    cost (a new Pipecat voice's first inference) is measured."""
     clients = await open_clients(s, n)
+    await asyncio.gather(*(c.speak("Hello.", None) for c in clients))
+    return clients
+
+
+async def _turn(s: System, clients: list, text: str, rate: float, row: dict, close: bool) -> None:
+    """One measured turn: ``clients`` speak ``text`` at once; into ``row``; then ``close`` them.
+
+    By default sessions live only for their turn: another system's idle sessions would load
+    the host while this one is measured (a Pipecat session sends silence every 10 ms).
+    ``--keep-sessions`` keeps them for the level instead, so that each measured turn is a later
+    turn of a long session (what a rule that learns across turns does to them shows).
+    """
     try:
-        await asyncio.gather(*(c.speak("Hello.", None) for c in clients))
         before = None if s.peer else await engine_stats(s.url)
         results = await asyncio.gather(*(c.speak(text, rate or None) for c in clients))
         after = None if s.peer else await engine_stats(s.url)
     finally:
-        await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
+        if close:
+            await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
     row["heard"] += [Heard.of(r, text) for r in results]
     if before and after and s.engine in before and s.engine in after:
         row["busy_s"] += after[s.engine]["busy_s"] - before[s.engine]["busy_s"]
