@@ -208,12 +208,17 @@ class MynaClient:
         frames = self.frames[start:]
         return _measure(turn_id, events, frames, t0)
 
-    async def _until_quiet(self, start: int, quiet_s: float, timeout: float) -> None:
-        """Wait until the last ``quiet_s`` of audio received since frame ``start`` is inaudible."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            tail = [pcm for _, pcm in self.frames[start:]][-max(1, int(quiet_s * 50)) :]  # 20 ms frames
-            if tail and sum(len(p) for p in tail) >= quiet_s * SAMPLE_RATE and first_audible_sample(np.concatenate(tail), SAMPLE_RATE) is None:
+    async def _until_quiet(self, start: int, quiet_s: float, timeout: float, silent_s: float = 10.0) -> None:
+        """Wait until audio was heard since frame ``start`` and its last ``quiet_s`` is
+        inaudible (or ``silent_s`` passed with nothing heard, or ``timeout``)."""
+        t0 = time.monotonic()
+        heard = False
+        while time.monotonic() - t0 < timeout:
+            frames = [pcm for _, pcm in self.frames[start:]]
+            heard = heard or (bool(frames) and first_audible_sample(np.concatenate(frames), SAMPLE_RATE) is not None)
+            tail = frames[-max(1, int(quiet_s * 50)) :]  # 20 ms frames
+            quiet = sum(len(p) for p in tail) >= quiet_s * SAMPLE_RATE and first_audible_sample(np.concatenate(tail), SAMPLE_RATE) is None
+            if quiet and (heard or time.monotonic() - t0 >= silent_s):
                 return
             await asyncio.sleep(quiet_s / 4)
 
