@@ -15,7 +15,9 @@ Rules:
   or the turn's input ended), and no rule may hold ready first audio longer than the budget
   ``max_hold_s`` (``myna serve --max-hold-ms``, default :data:`MAX_HOLD_S` = 100 ms): a turn is
   started at the last deadline that keeps the wait within it. ``first_audio.pre_roll_ms`` is
-  the wait: first chunk's arrival → start of playout (ms), never more than the budget.
+  the wait: first chunk's arrival → the deadline of the frame that starts the turn (ms), never
+  more than the budget (a transport that wakes late for that deadline, on a busy host, adds to
+  what the listener waits, not to what playout held).
   Why not wait for a safe buffer: the old rule held first audio to avoid a predicted underrun,
   and on a loaded worker a two-clause reply was held until it was nearly all made (0.8–4.8 s
   before the first syllable, while the first clause had been ready for most of it). A listener
@@ -202,6 +204,7 @@ class Playout:
         self._turns: deque[_Turn] = deque()
         self._by_id: dict[str, _Turn] = {}
         self._tail: np.ndarray | None = None  # faded remainder after a barge-in
+        self._due = 0.0  # when the frame being made is due (clock s)
 
     # -- producer side -------------------------------------------------------------------
     def begin_turn(self, turn_id: str, text_at: float) -> None:
@@ -273,11 +276,17 @@ class Playout:
         return self._clock() + sum(t.buffered for t in self._turns) / SAMPLE_RATE
 
     # -- transport side ------------------------------------------------------------------
-    def next_frame(self) -> np.ndarray:
+    def next_frame(self, due: float | None = None) -> np.ndarray:
         """The next 20 ms: int16 mono, shape ``[960]``; silence when nothing is ready.
+
+        Args:
+            due: when the transport is due to send this frame (``clock`` s; default: now). The
+                start rule and ``pre_roll_ms`` are timed against it, so a transport that wakes
+                late (a busy host) is not counted as audio held.
 
         Idle frames are one shared read-only array; copy before writing to a frame.
         """
+        self._due = self._clock() if due is None else due
         if self._tail is None and not self._turns:
             return IDLE_FRAME
         out = np.zeros(FRAME_SAMPLES, dtype=np.float32)
@@ -296,7 +305,7 @@ class Playout:
                 if not turn.playing:
                     turn.playing = True
                     if turn.stats.n:
-                        turn.pre_roll_ms = round(1000.0 * (self._clock() - turn.stats.times[0]), 1)
+                        turn.pre_roll_ms = round(max(0.0, 1000.0 * (self._due - turn.stats.times[0])), 1)
                 turn.close_gap(keep=turn.buffered > 0)
             seg = turn.take(need)
             if turn.resume_fade and len(seg):
@@ -335,7 +344,7 @@ class Playout:
         """With a frame and the fade buffered: may the turn start (or resume) at this deadline?"""
         if self.chunks_end_at_words:
             return True  # a start or the end of a gap: never held
-        now = self._clock()
+        now = self._due
         if not turn.playing and now + FRAME_SAMPLES / SAMPLE_RATE + HOLD_SLACK_S - turn.stats.times[0] > self.max_hold_s:
             return True  # the next deadline (if it wakes a little late) would be past the budget
         return self.pre_roll.ready(turn.stats, turn.buffered / SAMPLE_RATE, now)

@@ -92,7 +92,7 @@ class PacedAudioTrack(MediaStreamTrack):
             self._start = now - self._index * FRAME_SECONDS
             self.slips += 1
         self._index += 1
-        samples = self.playout.next_frame()
+        samples = self.playout.next_frame(due=deadline)
         if self._encoder is not None:
             pts, silent = self._pts, samples is IDLE_FRAME
             self._pts += FRAME_SAMPLES

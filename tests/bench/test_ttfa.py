@@ -23,9 +23,8 @@ from myna.bench import ttfa
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
 STRATEGIES = ["piper", "piper-sentence", "piper-whole"]
-#: The start rule's default budget (ms), and how late the worker's event loop may wake for the
-#: frame that starts a turn on a loaded 2-core host: pre-roll is measured on the real clock.
-BUDGET_MS, LATENESS_MS = 100.0, 60.0
+#: The start rule's default budget (ms).
+BUDGET_MS = 100.0
 
 
 def _row(system: str, sessions: int, p50: float, rtf: float | None = 0.2, peer: bool = False, rate: float = 30.0) -> dict:
@@ -138,7 +137,7 @@ def test_headless_race_under_load(tmp_path):
         assert 0 < s["p50"] <= p["p50"] < 60_000, row  # perceived includes the server's part
         assert row["rtf"] is not None and 0 < row["rtf"] < 10, row
         assert row["audio_ms_p50"] > 2000  # the default sentence is ~4 s of speech
-        assert row["pre_roll_ms_max"] <= BUDGET_MS + LATENESS_MS, row  # the start rule's budget, under load too
+        assert row["pre_roll_ms_max"] <= BUDGET_MS, row  # the start rule's budget, under load too
         assert row["underruns"] == 0 and row["gap_ms_total"] >= 0, row  # Piper pauses between words, never cuts one
     race = result["races"][0]
     wins = {lane["system"]: lane["wins"] for lane in race["lanes"]}
@@ -149,7 +148,7 @@ def test_headless_race_under_load(tmp_path):
     # clauses and its own pre-roll (issue 10: 1.8–2.8 s against 0.10–0.14 s alone); now it waits
     # for at most one bounded job.
     assert joined <= 3 * alone + 500.0, join
-    assert join["joined"]["pre_roll_ms_max"] <= BUDGET_MS + LATENESS_MS, join
+    assert join["joined"]["pre_roll_ms_max"] <= BUDGET_MS, join
     assert result["whole_reply"]["synthesis_ms"]["n"] == 2
     assert "TTFA p50" in proc.stdout and "first heard" in proc.stdout and "Join on" in proc.stdout
     if plot:
