@@ -229,6 +229,13 @@ def test_log_level_after_a_benchmark_name_is_accepted(capsys):
     assert code == 0 and "--log-level" in out
 
 
+def test_bench_ttfa_help_reads_plainly(capsys):
+    code, out, _ = run_cli(capsys, "bench", "ttfa", "--help")
+    assert code == 0 and "``" not in out
+    assert "myna bench ttfa: the headless latency race" in out
+    assert "RTF then shows as —" in " ".join(out.split())  # the table's "—" is explained
+
+
 # -- missing extras ------------------------------------------------------------------------
 @pytest.mark.parametrize("argv", [["serve", "--engine", "piper,dsm", "--dsm-checkpoint", "x"], ["say", "Hi.", "--engine", "dsm"]])
 def test_the_dsm_engine_without_its_extra_is_one_line_with_the_install_command(capsys, monkeypatch, tmp_path, argv):
