@@ -36,7 +36,8 @@ async def main() -> None:
         w.writeframes(result.pcm.tobytes())
     for event in result.events:
         print(event)
-    print(f"server TTFA {result.server_ttfa_ms} ms, perceived TTFA {result.perceived_ttfa_ms} ms -> {args.output}")
+    ms = lambda v: "n/a" if v is None else f"{v:.0f} ms"  # noqa: E731
+    print(f"server TTFA {ms(result.server_ttfa_ms)}, perceived TTFA {ms(result.perceived_ttfa_ms)} -> {args.output}")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ fi
 # pip, printing one line per package it downloads (name, size) and one as it installs them, so a
 # long install shows where it is; errors still come through whole on stderr.
 pip() {
-  .venv/bin/python -m pip --disable-pip-version-check "$@" --progress-bar off | awk '
+  PYTHONUNBUFFERED=1 .venv/bin/python -m pip --disable-pip-version-check "$@" --progress-bar off | awk '
     /^ *Downloading / { print "  downloading " $2 " " $3 $4; fflush() }
     /^ *Using cached / { print "  cached " $3; fflush() }
     /^Installing collected packages:/ { print "  installing " split($0, names, ",") " packages..."; fflush() }'
