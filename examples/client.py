@@ -36,8 +36,11 @@ async def main() -> None:
         w.writeframes(result.pcm.tobytes())
     for event in result.events:
         print(event)
-    ms = lambda v: "n/a" if v is None else f"{v:.0f} ms"  # noqa: E731
-    print(f"server TTFA {ms(result.server_ttfa_ms)}, perceived TTFA {ms(result.perceived_ttfa_ms)} -> {args.output}")
+    print(f"server TTFA {_ms(result.server_ttfa_ms)}, perceived TTFA {_ms(result.perceived_ttfa_ms)} -> {args.output}")
+
+
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0f} ms"
 
 
 if __name__ == "__main__":
