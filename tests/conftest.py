@@ -79,6 +79,26 @@ class RunningWorker:
         return self.proc.returncode
 
 
+# Test modules cannot import this file (several conftest.py share the name): these fixtures hand
+# them its helpers.
+@pytest.fixture(scope="session")
+def worker_process() -> type[RunningWorker]:
+    """:class:`RunningWorker`, for a module that starts a worker of its own."""
+    return RunningWorker
+
+
+@pytest.fixture(scope="session")
+def port_finder():
+    """:func:`free_port`."""
+    return free_port
+
+
+@pytest.fixture(scope="session")
+def uninstalled():
+    """:func:`without_modules`: environment for a subprocess that lacks some modules."""
+    return without_modules
+
+
 @pytest.fixture(scope="session")
 def worker():
     """One worker (embedded voice) shared by the end-to-end tests."""

@@ -23,8 +23,6 @@ from myna.audio.onset import first_audible_sample
 from myna.cli import main
 from myna.rtc.client import wait_until_ready
 
-from conftest import RunningWorker, free_port, without_modules
-
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -88,10 +86,10 @@ class StandIn:
     """An HTTP server on loopback in its own thread whose ``/healthz`` answers ``statuses`` in
     turn (the last one repeats); every other path is a 404. ``hits`` counts every request."""
 
-    def __init__(self, statuses: list[int], healthz_path: str = "/healthz", port: int | None = None):
+    def __init__(self, statuses: list[int], port: int, healthz_path: str = "/healthz"):
         self.statuses = list(statuses)
         self.hits = 0
-        self.port = port or free_port()
+        self.port = port
         self.url = f"http://127.0.0.1:{self.port}"
         self._path = healthz_path
         self._loop = asyncio.new_event_loop()
@@ -126,11 +124,11 @@ class StandIn:
 
 
 @pytest.fixture
-def stand_in():
+def stand_in(port_finder):
     servers: list[StandIn] = []
 
-    def make(statuses: list[int], healthz_path: str = "/healthz") -> StandIn:
-        servers.append(StandIn(statuses, healthz_path))
+    def make(statuses: list[int]) -> StandIn:
+        servers.append(StandIn(statuses, port_finder()))
         return servers[-1]
 
     yield make
@@ -139,9 +137,9 @@ def stand_in():
 
 
 @pytest.mark.network
-def test_say_fails_at_once_when_nothing_listens(capsys, tmp_path):
+def test_say_fails_at_once_when_nothing_listens(capsys, tmp_path, port_finder):
     t0 = time.monotonic()
-    code, _, err = run_cli(capsys, "say", "Hi.", "--server", f"http://127.0.0.1:{free_port()}", "-o", str(tmp_path / "x.wav"))
+    code, _, err = run_cli(capsys, "say", "Hi.", "--server", f"http://127.0.0.1:{port_finder()}", "-o", str(tmp_path / "x.wav"))
     assert code == 1
     assert "connection refused" in one_line(err)
     assert time.monotonic() - t0 < 30
@@ -174,13 +172,13 @@ async def test_a_worker_that_never_finishes_loading_times_out_saying_so(stand_in
 
 
 @pytest.mark.network
-async def test_a_worker_being_started_may_refuse_at_first():
+async def test_a_worker_being_started_may_refuse_at_first(port_finder):
     """``starting=True`` (a benchmark's own worker, just launched) waits through refused connections."""
-    port = free_port()
+    port = port_finder()
     waiting = asyncio.ensure_future(wait_until_ready(f"http://127.0.0.1:{port}", timeout=30))
     await asyncio.sleep(0.6)
     assert not waiting.done()
-    server = StandIn([200], port=port)  # now something listens on the port the waiter asks
+    server = StandIn([200], port)  # now something listens on the port the waiter asks
     try:
         await asyncio.wait_for(waiting, 30)
         assert server.hits == 1
@@ -197,7 +195,7 @@ def test_serve_rejects_a_bad_port_in_one_line(capsys, port):
 
 
 @pytest.mark.network
-def test_serve_on_a_port_in_use_says_so(capsys):
+def test_serve_on_a_port_in_use_says_so():
     import socket
 
     with socket.socket() as taken:
@@ -248,13 +246,19 @@ def test_the_dsm_engine_without_its_extra_is_one_line_with_the_install_command(c
 
 
 # -- the main job without PyTorch, and say --server against it ------------------------------
-NO_DSM_EXTRA = without_modules("torch", "safetensors", "sentencepiece")
+DSM_MODULES = ("torch", "safetensors", "sentencepiece")
+
+
+@pytest.fixture(scope="session")
+def no_dsm_extra(uninstalled) -> dict[str, str]:
+    """Environment of a process without the dsm extra (PyTorch and co. not importable)."""
+    return {**os.environ, **uninstalled(*DSM_MODULES)}
 
 
 @pytest.fixture(scope="module")
-def light_worker():
+def light_worker(worker_process, uninstalled):
     """``myna serve`` as the light install runs it: default engines, PyTorch not importable."""
-    w = RunningWorker(env=NO_DSM_EXTRA)
+    w = worker_process(env=uninstalled(*DSM_MODULES))
     yield w
     w.stop()
 
@@ -272,11 +276,11 @@ def test_the_main_job_serves_without_pytorch(light_worker):
 
 
 @pytest.mark.network
-def test_serve_dsm_without_the_extra_fails_before_listening():
-    port = free_port()
+def test_serve_dsm_without_the_extra_fails_before_listening(port_finder, no_dsm_extra):
+    port = port_finder()
     proc = subprocess.run([sys.executable, "-m", "myna.cli", "serve", "--port", str(port), "--engine", "dsm",
                            "--dsm-checkpoint", "kyutai/tts-1.6b-en_fr"],
-                          capture_output=True, text=True, timeout=120, env={**os.environ, **NO_DSM_EXTRA})
+                          capture_output=True, text=True, timeout=120, env=no_dsm_extra)
     assert proc.returncode == 1 and proc.stdout == ""
     assert "bash scripts/setup.sh dsm" in one_line(proc.stderr)
 
@@ -288,12 +292,12 @@ def _read_wav(path: Path) -> np.ndarray:
 
 
 @pytest.mark.network
-def test_say_server_trims_the_ttfa_silence_unless_asked_not_to(light_worker, tmp_path):
+def test_say_server_trims_the_ttfa_silence_unless_asked_not_to(light_worker, tmp_path, no_dsm_extra):
     def say(*extra: str) -> tuple[subprocess.CompletedProcess, np.ndarray]:
         out_wav = tmp_path / f"say{len(extra)}.wav"
         proc = subprocess.run([sys.executable, "-m", "myna.cli", "--log-level", "warning", "say", "--server", light_worker.url,
                                "Thanks for calling, your order ships today.", "-o", str(out_wav), *extra],
-                              capture_output=True, text=True, timeout=120, env={**os.environ, **NO_DSM_EXTRA})
+                              capture_output=True, text=True, timeout=120, env=no_dsm_extra)
         assert proc.returncode == 0, proc.stderr
         return proc, _read_wav(out_wav)
 

@@ -10,8 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from conftest import free_port, without_modules
-
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
@@ -27,8 +25,8 @@ def run(script: str, *args: str, env: dict[str, str] | None = None) -> subproces
     ("framework_ttfb.py", [], ["pipecat"], "pipecat"),
     ("framework_ttfb.py", [], ["livekit"], "livekit"),
 ])
-def test_an_example_without_its_extra_names_the_extra(script, args, missing, extra):
-    proc = run(script, *args, env=without_modules(*missing))
+def test_an_example_without_its_extra_names_the_extra(uninstalled, script, args, missing, extra):
+    proc = run(script, *args, env=uninstalled(*missing))
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
@@ -36,13 +34,13 @@ def test_an_example_without_its_extra_names_the_extra(script, args, missing, ext
 
 
 @pytest.mark.parametrize("script", ["client.py", "framework_ttfb.py"])
-def test_examples_that_need_no_extra_for_help_show_it(script):
-    proc = run(script, "--help", env=without_modules("pipecat", "livekit", "loguru"))
+def test_examples_that_need_no_extra_for_help_show_it(uninstalled, script):
+    proc = run(script, "--help", env=uninstalled("pipecat", "livekit", "loguru"))
     assert proc.returncode == 0 and "usage:" in proc.stdout, proc.stderr
 
 
 @pytest.mark.network
-def test_the_client_example_fails_in_one_line_when_no_worker_listens():
-    proc = run("client.py", "--server", f"http://127.0.0.1:{free_port()}", "Hello.")
+def test_the_client_example_fails_in_one_line_when_no_worker_listens(port_finder):
+    proc = run("client.py", "--server", f"http://127.0.0.1:{port_finder()}", "Hello.")
     assert proc.returncode == 1
     assert proc.stderr.strip().startswith("client.py: cannot reach") and "Traceback" not in proc.stderr, proc.stderr
