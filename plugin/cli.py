@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 import time
@@ -14,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from myna import __version__
+from myna.extras import MissingExtra, extra_for, require
 
 log = logging.getLogger("myna")
 
@@ -37,6 +39,7 @@ def _engines(names: str, dsm: dict | None = None) -> dict:
             piper = piper or PiperEngine()
             engines[name] = piper if name == "piper" else piper.variant(name, VARIANT_NAMES[name])
         elif name == "dsm":
+            require("dsm")  # before anything loads; main() turns it into one line saying what to install
             from myna.engines.dsm import DSMEngine
 
             if not (dsm or {}).get("checkpoint"):
@@ -65,7 +68,7 @@ def _add_serve(sub) -> None:
     p = sub.add_parser("serve", help="run the WebRTC worker and its web page",
                        description="Run the worker: WebRTC signaling, the latency page, /healthz and /metrics.")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s; a loopback address also turns on loopback ICE candidates)")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="TCP port (default: %(default)s)")
+    p.add_argument("--port", type=_port, default=DEFAULT_PORT, help="TCP port, 1-65535 (default: %(default)s)")
     p.add_argument("--engine", default=DEFAULT_ENGINES,
                    help="engines to load, comma-separated; the first is the default (default: %(default)s; "
                         "the piper-* strategies share one loaded voice)")
@@ -76,6 +79,17 @@ def _add_serve(sub) -> None:
     p.add_argument("--connect-timeout", type=float, default=30.0, help="seconds a new peer may take to connect (default: %(default)s)")
     _add_dsm_options(p)
     p.set_defaults(func=_serve)
+
+
+def _port(text: str) -> int:
+    """argparse type of a TCP port to listen on."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a TCP port is a number from 1 to 65535, not {text!r}")
+    return port
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -112,8 +126,8 @@ async def _run_server(app, worker, host: str, port: int) -> int:
         print(f"myna: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     except Exception as exc:
-        log.exception("start-up failed")
-        print(f"myna: start-up failed: {exc}", file=sys.stderr)
+        log.debug("start-up failed", exc_info=True)
+        print(f"myna: start-up failed: {exc} (--log-level debug shows where)", file=sys.stderr)
         return 1
     finally:
         await runner.cleanup()
@@ -123,46 +137,111 @@ async def _run_server(app, worker, host: str, port: int) -> int:
 def _add_say(sub) -> None:
     p = sub.add_parser("say", help="speak text to a WAV file, locally or through a running worker",
                        description="Synthesise TEXT to a WAV file. With --server, stream it over WebRTC to a "
-                                   "running worker as token-sized chunks and record what comes back.")
+                                   "running worker as token-sized chunks and record what comes back. "
+                                   "Exits 2 on bad input (nothing to speak, a bad URL, an unwritable file), "
+                                   "1 when the worker or the synthesis fails.")
     p.add_argument("text", help="what to say")
     p.add_argument("-o", "--output", type=Path, default=Path("myna.wav"), help="WAV file to write (default: %(default)s)")
-    p.add_argument("--server", metavar="URL", help="a running worker, e.g. http://127.0.0.1:8080")
+    p.add_argument("--server", metavar="URL", help="a running worker's base URL, e.g. http://127.0.0.1:8080")
     p.add_argument("--engine", default=None, help="engine (default: piper locally, the worker's default remotely)")
     p.add_argument("--voice", default=None, help="voice name (default: the engine's)")
     p.add_argument("--token-rate", type=float, default=30.0,
                    help="tokens per second when streaming to a worker, like an LLM (0: all at once; default: %(default)s)")
+    p.add_argument("--trim", action=argparse.BooleanOptionalAction, default=True,
+                   help="with --server, start the file at the first audible sample, for listening (default); "
+                        "--no-trim keeps the recording from the first text chunk sent, TTFA silence included, for measuring")
     _add_dsm_options(p, voice=False)
     p.set_defaults(func=_say)
 
 
+class _SayError(Exception):
+    """Bad input to ``myna say``: one line for the user, exit status 2."""
+
+
 def _say(args: argparse.Namespace) -> int:
-    if args.server:
-        return asyncio.run(_say_remote(args))
-    return asyncio.run(_say_local(args))
+    from myna.text.normalise import normalise
+
+    try:
+        if not normalise(args.text):
+            raise _SayError(f"nothing to speak in {args.text!r}: the text has no letters or digits")
+        _check_writable(args.output)
+        if args.server:
+            return asyncio.run(_say_remote(args, _server_url(args.server)))
+        return asyncio.run(_say_local(args))
+    except _SayError as exc:
+        print(f"myna say: {exc}", file=sys.stderr)
+        return 2
 
 
-async def _say_remote(args: argparse.Namespace) -> int:
+def _server_url(text: str) -> str:
+    """The worker's base URL from ``--server``, checked before anything is sent.
+
+    Raises:
+        _SayError: not an http(s) URL with a host, or a port out of range.
+    """
+    from urllib.parse import urlsplit
+
+    url = urlsplit(text.strip())
+    try:
+        url.port  # noqa: B018 (raises ValueError when out of range)
+    except ValueError:
+        raise _SayError(f"--server {text!r}: the port must be a number from 1 to 65535") from None
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise _SayError(f"--server {text!r} is not a worker URL: give it with its scheme, e.g. http://127.0.0.1:8080")
+    return text.strip().rstrip("/")
+
+
+def _check_writable(path: Path) -> None:
+    """Fail before synthesis, not after it, when the WAV file cannot be written.
+
+    Raises:
+        _SayError: the path is a folder, its folder is missing, or opening it for writing fails.
+    """
+    if path.is_dir():
+        raise _SayError(f"cannot write {path}: it is a folder")
+    existed = path.exists()
+    try:
+        with open(path, "ab"):  # appending leaves an existing file as it is
+            pass
+    except OSError as exc:
+        raise _SayError(f"cannot write {path}: {exc.strerror or exc}") from None
+    if not existed:
+        path.unlink(missing_ok=True)
+
+
+async def _say_remote(args: argparse.Namespace, url: str) -> int:
+    from myna.audio.onset import first_audible_sample
     from myna.rtc.client import MynaClient, wait_until_ready
 
-    url = args.server.rstrip("/")
     try:
-        await wait_until_ready(url, timeout=60.0)
+        await wait_until_ready(url, timeout=60.0, starting=False)
         async with MynaClient(url, engine=args.engine, voice=args.voice) as client:
             result = await client.speak(args.text, tokens_per_s=args.token_rate or None)
-    except (OSError, RuntimeError, TimeoutError) as exc:
+    except (OSError, RuntimeError, TimeoutError, ValueError) as exc:
         print(f"myna say: {exc or type(exc).__name__}", file=sys.stderr)
         return 1
-    _write_wav(args.output, result.pcm, 48_000)
-    for event in result.events:
-        if event["type"] == "error":
-            print(f"error {event['code']}: {event['message']}", file=sys.stderr)
-    print(f"wrote {args.output} ({len(result.pcm) / 48000:.2f} s at 48000 Hz)")
+    errors = [event for event in result.events if event["type"] == "error"]
+    for event in errors:
+        print(f"error {event['code']}: {event['message']}", file=sys.stderr)
+    onset = first_audible_sample(result.pcm, 48_000)
+    if onset is None:
+        print("myna say: the worker sent no audible audio", file=sys.stderr)
+        return 1
+    pcm = result.pcm[max(0, onset - _TRIM_MARGIN) :] if args.trim else result.pcm
+    _write_wav(args.output, pcm, 48_000)
+    trimmed = f", {max(0, onset - _TRIM_MARGIN) / 48:.0f} ms of silence before the first sound left out" if args.trim else ""
+    print(f"wrote {args.output} ({len(pcm) / 48000:.2f} s at 48000 Hz{trimmed})")
     print(f"server TTFA: {_ms(result.server_ttfa_ms)}   perceived TTFA: {_ms(result.perceived_ttfa_ms)}")
-    return 0
+    return 1 if errors else 0
+
+
+#: Samples kept before the first audible one when trimming (10 ms at 48 kHz): the onset
+#: detector fires on a 10 ms window, so the attack of the first sound stays whole.
+_TRIM_MARGIN = 480
 
 
 async def _say_local(args: argparse.Namespace) -> int:
-    from myna.engines import AudioChunk
+    from myna.engines import AudioChunk, EngineError
 
     name = args.engine or "piper"
     dsm_voice = args.voice if name == "dsm" and args.voice and Path(args.voice).is_file() else None
@@ -170,8 +249,8 @@ async def _say_local(args: argparse.Namespace) -> int:
     if dsm_voice:
         args.voice = None  # a DSM voice file is the engine's default voice, not a voice name
     print(f"loading {engine.name} ...", flush=True)
-    await engine.start()
     try:
+        await engine.start()
         t0 = time.monotonic()
         stream = engine.stream(args.voice)
         stream.push_text(args.text)
@@ -182,6 +261,9 @@ async def _say_local(args: argparse.Namespace) -> int:
                 first = first if first is not None else time.monotonic() - t0
                 pieces.append(item.pcm)
         total = time.monotonic() - t0
+    except EngineError as exc:
+        print(f"myna say: {exc.message}", file=sys.stderr)
+        return 1
     finally:
         await engine.close()
     pcm = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
@@ -193,11 +275,14 @@ async def _say_local(args: argparse.Namespace) -> int:
 
 
 def _write_wav(path: Path, pcm: np.ndarray, sample_rate: int) -> None:
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(sample_rate)
-        w.writeframes(pcm.astype("<i2").tobytes())
+    try:
+        with open(path, "wb") as f, wave.open(f, "wb") as w:
+            w.setnchannels(1)
+            w.setsampwidth(2)
+            w.setframerate(sample_rate)
+            w.writeframes(pcm.astype("<i2").tobytes())
+    except OSError as exc:
+        raise _SayError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def _ms(value: float | None) -> str:
@@ -212,12 +297,25 @@ def _add_bench(sub) -> None:
     add_parsers(p.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK"))
 
 
+def _add_global_options(parser: argparse.ArgumentParser, default) -> None:
+    parser.add_argument("--log-level", default=default, choices=["debug", "info", "warning", "error"],
+                        help="log verbosity (default: info)")
+
+
+class _CommandParser(argparse.ArgumentParser):
+    """A sub-command's parser: it takes the global options too, so ``myna serve --log-level
+    warning`` works like ``myna --log-level warning serve`` (nested sub-commands inherit it)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        _add_global_options(self, argparse.SUPPRESS)  # unset here: the top-level value stands
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="myna", description="Myna: real-time speech for voice agents.")
     parser.add_argument("--version", action="version", version=f"myna {__version__}")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
-                        help="log verbosity (default: %(default)s)")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_global_options(parser, "info")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_CommandParser)
     _add_serve(sub)
     _add_say(sub)
     _add_bench(sub)
@@ -225,7 +323,14 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.log_level != "debug":
         logging.getLogger("aioice").setLevel(logging.WARNING)  # one INFO line per ICE check
-    return args.func(args) or 0
+    try:
+        return args.func(args) or 0
+    except ModuleNotFoundError as exc:
+        extra = exc.extra if isinstance(exc, MissingExtra) else extra_for(exc.name)
+        if extra is None:
+            raise
+        print(f"myna: {exc if isinstance(exc, MissingExtra) else MissingExtra(extra, exc.name)}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -25,6 +25,13 @@ def _loopback_only() -> bool:
     )
 
 
+def without_modules(*modules: str) -> dict[str, str]:
+    """Environment for a subprocess that runs as if ``modules`` (top-level names) were not
+    installed, e.g. ``without_modules("torch")`` for an install without the ``dsm`` extra."""
+    path = os.pathsep.join(p for p in (str(REPO / "tests" / "without_extras"), os.environ.get("PYTHONPATH")) if p)
+    return {"PYTHONPATH": path, "MYNA_TEST_UNINSTALLED": ",".join(modules)}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -32,9 +39,10 @@ def free_port() -> int:
 
 
 class RunningWorker:
-    """A ``myna serve`` subprocess on 127.0.0.1 (stopped by :meth:`stop`)."""
+    """A ``myna serve`` subprocess on 127.0.0.1 (stopped by :meth:`stop`); ``env`` adds to its
+    environment."""
 
-    def __init__(self, *args: str, timeout: float = 60.0):
+    def __init__(self, *args: str, timeout: float = 60.0, env: dict[str, str] | None = None):
         if not _loopback_only():
             pytest.fail("network tests must run in a loopback-only namespace: use `bash scripts/test.sh`")
         self.port = free_port()
@@ -44,7 +52,7 @@ class RunningWorker:
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "myna.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port), *args],
-            stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -69,6 +77,26 @@ class RunningWorker:
                 self.proc.wait()
         self._log.close()
         return self.proc.returncode
+
+
+# Test modules cannot import this file (several conftest.py share the name): these fixtures hand
+# them its helpers.
+@pytest.fixture(scope="session")
+def worker_process() -> type[RunningWorker]:
+    """:class:`RunningWorker`, for a module that starts a worker of its own."""
+    return RunningWorker
+
+
+@pytest.fixture(scope="session")
+def port_finder():
+    """:func:`free_port`."""
+    return free_port
+
+
+@pytest.fixture(scope="session")
+def uninstalled():
+    """:func:`without_modules`: environment for a subprocess that lacks some modules."""
+    return without_modules
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 // One lane: a WebRTC session with the worker (one engine), its audio tap, and its turns.
 //
-// The page today has one lane; the latency race (issue 6) starts several at the same instant,
-// so everything per-session lives here and the page only renders what lanes report. Lanes share
+// The latency race (app.js) starts several lanes at the same instant; everything per-session
+// lives here and the page only renders what lanes report. Lanes share
 // one AudioContext (and so one clock), which keeps their perceived TTFAs comparable.
 //
 // Events (CustomEvent, payload in `detail`):
@@ -78,7 +78,9 @@ function newTurn(id, text) {
     preRollMs: null,
     perceivedTtfaMs: null,
     audioMs: null,
-    underruns: null,
+    underruns: null, // starvation inside a chunk (a cut word), from turn_done
+    gapMs: null, // {count, total, longest}: pauses at word or clause boundaries, from turn_done (newer workers)
+    gaps: null, // [[audio position ms, duration ms], ...] of those pauses (newer workers)
     words: [],
     error: null,
   };
@@ -292,6 +294,8 @@ export class Lane extends EventTarget {
         if (!turn) break;
         turn.audioMs = msg.audio_ms ?? null;
         turn.underruns = msg.underruns ?? null;
+        turn.gapMs = msg.gap_ms && typeof msg.gap_ms === "object" ? msg.gap_ms : null;
+        turn.gaps = Array.isArray(msg.gaps) ? msg.gaps.filter((g) => Array.isArray(g) && g.length === 2) : null;
         if (turn.status !== "error") turn.status = msg.interrupted ? "interrupted" : "done";
         this._finish(turn);
         break;

@@ -41,8 +41,9 @@ STATS_PATH = "/bench/engine-stats"
 def add_parser(subparsers) -> None:
     """Register ``ttfa`` on the ``myna bench`` sub-command parser."""
     p = subparsers.add_parser("ttfa", help="headless latency race: perceived TTFA and RTF per engine and concurrency",
-                              description=__doc__.split("\n\n")[0])
-    p.add_argument("--server", metavar="URL", help="a running worker (default: start one on 127.0.0.1)")
+                              description=__doc__.split("\n\n")[0].replace("``", ""))
+    p.add_argument("--server", metavar="URL", help="a running worker (default: start one on 127.0.0.1); "
+                   "RTF then shows as —: only a worker started here reports its engines' busy time")
     p.add_argument("--engines", "--engine", dest="engines", default=DEFAULT_ENGINES,
                    help="comma-separated engines (strategies) to race (default: %(default)s)")
     p.add_argument("--concurrency", default="1,4", help="comma-separated session counts (default: %(default)s)")
@@ -222,6 +223,9 @@ def format_table(result: dict) -> str:
                      f"{row['underruns']:>9}")
     lines.append("TTFA: first text chunk sent → first audible sample received (ms). RTF: engine busy seconds per "
                  "audio second, all sessions together (lower is better; > 1 cannot keep up).")
+    if any(row["rtf"] is None for row in result["rows"]):
+        lines.append("RTF —: not measured; only a worker this benchmark starts itself reports its engines' busy "
+                     "time (not one given with --server).")
     w = result.get("whole_reply")
     if w and w["synthesis_ms"].get("n"):
         lines.append(f"Whole-reply synthesis of the same text in-process: p50 {w['synthesis_ms']['p50']:.0f} ms "

@@ -63,6 +63,7 @@ def test_table_is_a_serving_table():
     assert lines[2].split()[:4] == ["a", "1", "200", "ms"]
     assert "0.200" in lines[2]
     assert "—" in lines[4]  # no RTF without the worker's counters
+    assert "RTF —: not measured" in text  # and the table says why
     assert "no audio" in lines[5]
     assert "non-streaming pipeline's TTFA ≈ 543 ms" in text
     assert "perceived TTFA / non-streaming TTFA = 0.37" in text
