@@ -35,12 +35,16 @@ import numpy as np
 
 from myna.engines.base import AudioChunk, Engine, EngineError, SynthesisStream, WordEvent, spoken_word
 from myna.text import ClauseChunker, Pause, SentenceChunker, WholeChunker
+from myna.text.normalise import ends_clause
 from myna.text.verbalise import verbalise
 
 log = logging.getLogger(__name__)
 
 #: Leading silence kept before the first audible sample of a turn, or after a pause (ms).
 LEAD_IN_MS = 5.0
+#: Trailing silence kept at the end of a unit cut mid-phrase (ms); with the next unit's
+#: :data:`LEAD_IN_MS`, the join is shorter than a word gap.
+JOIN_MS = 15.0
 #: The first phrase of a streamed turn ends after this many words at most (issue 10).
 FIRST_PHRASE_WORDS = 4
 #: ... or this long after its first word is complete (s), whichever comes first.
@@ -326,6 +330,11 @@ class _Unit:
     def text(self) -> str:
         return " ".join(self.spoken)
 
+    @property
+    def ends_phrase(self) -> bool:
+        """Whether the unit ends at punctuation (else it was cut mid-phrase: join it tightly)."""
+        return ends_clause(self.words[-1])
+
     def word_starts(self, starts: list[float]) -> list[float]:
         """Each written word's start: the start of the first spoken word it became."""
         out, i = [], 0
@@ -342,7 +351,10 @@ class PiperStream(SynthesisStream):
     numerals, abbreviations in words; stops that end no sentence removed), with the words of
     the unit before it as context; word events carry the written words. A ``<break>`` becomes
     silence: its length less the silence already at the end of the audio before it, and the
-    unit after it starts with :data:`LEAD_IN_MS` of lead-in, so the gap heard is the pause.
+    unit after it starts with :data:`LEAD_IN_MS` of lead-in, so the gap heard is the pause. A
+    unit cut mid-phrase (the first phrase early, a long clause) keeps :data:`JOIN_MS` of its
+    trailing silence and the next unit :data:`LEAD_IN_MS` of its leading silence, so no pause
+    is heard where the text has none.
     """
 
     def __init__(self, engine: PiperEngine, group: object = None, chunker=None, **intake):
@@ -358,6 +370,7 @@ class PiperStream(SynthesisStream):
         now = self._now()
         for word in words:
             self._add_jobs(self._chunker.push(word, now))
+        self._add_jobs(self._chunker.poll(now))  # the first phrase, if this batch completed it
 
     def _on_pause(self, ms: float) -> None:
         self._add_jobs(self._chunker.pause(ms))
@@ -388,7 +401,7 @@ class PiperStream(SynthesisStream):
 
     async def _run(self) -> None:
         turn_ms = 0.0
-        first = True  # trim the lead-in of the next audio (the turn's first, or after a pause)
+        first = True  # trim the lead-in of the next audio (the turn's first, after a pause or a join)
         tail_ms = 0.0  # silence at the end of the audio so far
         try:
             while (clause := await self._clauses.get()) is not None:
@@ -402,6 +415,8 @@ class PiperStream(SynthesisStream):
                     pcm, trimmed_ms = _trim_lead_in(pcm, self._engine.sample_rate)
                     starts = [max(0.0, s - trimmed_ms) for s in starts]
                     first = len(pcm) == 0
+                if not clause.ends_phrase:
+                    pcm, first = _trim_tail(pcm, self._engine.sample_rate, JOIN_MS), True
                 for word, start in zip(clause.words, clause.word_starts(starts)):
                     self._emit(WordEvent(word=spoken_word(word), start_ms=turn_ms + start))
                 if len(pcm):
@@ -415,6 +430,12 @@ class PiperStream(SynthesisStream):
             self._fail(EngineError("engine_failed", f"piper synthesis failed: {exc}"))
         finally:
             self._finish()
+
+
+def _trim_tail(pcm: np.ndarray, sample_rate: int, keep_ms: float) -> np.ndarray:
+    """Drop trailing silence, keeping ``keep_ms``."""
+    loud = np.nonzero(np.abs(pcm) > _SILENCE)[0]
+    return pcm[: int(loud[-1]) + 1 + int(sample_rate * keep_ms / 1000)] if len(loud) else pcm
 
 
 def _tail_silence_ms(pcm: np.ndarray, sample_rate: int) -> float:

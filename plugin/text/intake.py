@@ -7,7 +7,7 @@
    chunks); ``<break time="0.5s"/>`` becomes a :class:`Pause` and line-ending tags a line break.
 2. Line breaks end a phrase: the line's last word gets a full stop when it has no clause
    punctuation, and a ``Pause(0)`` boundary follows it, so list items and headings are spoken
-   as units with a pause after each. A list marker opening a line (``1.``, ``2)``, ``a.``)
+   as units with a pause after each. A list marker opening a line (``1.``, ``2)``, ``a.``, ``B)``)
    loses its punctuation, so ``"1. Apple"`` is one phrase, "one Apple", with no stop inside.
 3. :class:`~myna.text.segment.WordSegmenter` cuts the text into whole normalised words.
 4. A word is complete when whitespace follows it, or at once when it ends a sentence
@@ -46,8 +46,9 @@ class Skipped:
 IntakeItem = str | Pause | Skipped
 
 _LINE_BREAKS = re.compile(r"(\r\n|[\n\r\v\f\u2028\u2029])")
-# A list marker opening a line, followed by whitespace: "1.", "12)", "a.", "B)".
-_LIST_MARKER = re.compile(r"^(\s*)(\d{1,3}|[A-Za-z])[.)](?=\s)")
+# A list marker opening a line, followed by whitespace: "1.", "12)", "a.", "B)" (not "J.", an
+# initial as often as a marker).
+_LIST_MARKER = re.compile(r"^(\s*)(\d{1,3}|[a-z](?=\.)|[A-Za-z](?=\)))[.)](?=\s)")
 # The longest first word at a line start that is still held to see whether it is a marker.
 _MARKER_CHARS = 4
 # A raw word that ends its sentence now: letters (two or more, so not an initial or "U.S"

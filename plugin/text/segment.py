@@ -184,7 +184,7 @@ class ClauseChunker(_Chunker):
 
     - ``first_words`` / ``first_wait_s``, the first phrase early: while text streams in, the
       first unit also ends once ``first_words`` words are complete, or ``first_wait_s`` after
-      its first word (see :meth:`poll`), whichever comes first (never inside a word, and not
+      its first word, whichever comes first (see :meth:`poll`; never inside a word, and not
       right after a word that may end a sentence, which the next word decides). Later units
       are clause-sized.
     - ``first_min_words``: the first unit ends at a clause boundary only once it holds that
@@ -203,8 +203,12 @@ class ClauseChunker(_Chunker):
     >>> chunker.flush()
     ['Sure']
     >>> early = ClauseChunker(first_words=4, first_wait_s=0.25)
-    >>> early.push("Well", now=0.0), early.deadline, early.poll(0.25)
-    ([], 0.25, ['Well'])
+    >>> early.push("Well", now=0.0), early.deadline, early.poll(0.2), early.poll(0.25)
+    ([], 0.25, [], ['Well'])
+    >>> early.flush(), [early.push(w, now=1.0) for w in "I think the".split()], early.poll(1.0)
+    ([], [[], [], []], [])
+    >>> early.push("answer", now=1.1), early.poll(1.1)
+    ([], ['I think the answer'])
     """
 
     def __init__(self, max_words: int = 24, first_min_words: int = 1, max_chars: int = 240,
@@ -221,23 +225,22 @@ class ClauseChunker(_Chunker):
     def _after(self, word: str, now: float) -> list[str]:
         if self._first and len(self._words) == 1:
             self._first_at = now
-        units = super()._after(word, now)
-        if not units and self._first and self.first_words is not None and len(self._words) >= self.first_words:
-            units = self._early_cut()
-        return units
+        return super()._after(word, now)
 
     def poll(self, now: float) -> list[str]:
+        """Call after each batch of words and at :attr:`deadline`: returns the first phrase
+        once ``first_words`` words are in (and no more are at hand: a clause that arrives
+        whole is one unit) or ``first_wait_s`` has passed since its first word."""
         due = self.deadline
-        return self._early_cut() if due is not None and now >= due else []
+        return self._cut() if due is not None and now >= due else []
 
     @property
     def deadline(self) -> float | None:
-        if not self._first or not self._words or self._maybe or self.first_wait_s is None:
+        if not self._first or not self._words or self._maybe:
             return None
-        return self._first_at + self.first_wait_s
-
-    def _early_cut(self) -> list[str]:
-        return [] if self._maybe else self._cut()
+        if self.first_words is not None and len(self._words) >= self.first_words:
+            return self._first_at
+        return None if self.first_wait_s is None else self._first_at + self.first_wait_s
 
     def _ends_unit(self, word: str) -> End:
         if not ends_clause(word):

@@ -42,13 +42,14 @@ class End(enum.Enum):
 def _segmenter():
     import pysbd
 
-    return pysbd.Segmenter(language="en", clean=False)
+    return pysbd.Segmenter(language="en", clean=False, char_span=True)
 
 
 @lru_cache(maxsize=4096)
 def _splits(before: str, after: str) -> bool:
-    """Whether pysbd puts a sentence boundary between ``before`` and ``after``."""
-    return len(_segmenter().segment(f"{before} {after}")) > 1
+    """Whether pysbd puts a sentence boundary between ``before`` and ``after`` (not elsewhere
+    in ``before``, which may hold an earlier sentence end)."""
+    return any(len(before) <= span.end <= len(before) + 1 for span in _segmenter().segment(f"{before} {after}")[:-1])
 
 
 def _context(previous: list[str], word: str) -> str:
