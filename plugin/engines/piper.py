@@ -351,7 +351,8 @@ class PiperStream(SynthesisStream):
     numerals, abbreviations in words; stops that end no sentence removed), with the words of
     the unit before it as context; word events carry the written words. A ``<break>`` becomes
     silence: its length less the silence already at the end of the audio before it, and the
-    unit after it starts with :data:`LEAD_IN_MS` of lead-in, so the gap heard is the pause. A
+    unit after it starts with :data:`LEAD_IN_MS` of lead-in, so the gap heard is the pause (a
+    break before the turn's first words is dropped: it would only delay them). A
     unit cut mid-phrase (the first phrase early, a long clause) keeps :data:`JOIN_MS` of its
     trailing silence and the next unit :data:`LEAD_IN_MS` of its leading silence, so no pause
     is heard where the text has none.
@@ -406,9 +407,10 @@ class PiperStream(SynthesisStream):
         try:
             while (clause := await self._clauses.get()) is not None:
                 if isinstance(clause, Pause):
-                    pcm = np.zeros(int(self._engine.sample_rate * max(0.0, clause.ms - tail_ms) / 1000), np.float32)
-                    self._emit(AudioChunk(pcm=pcm, sample_rate=self._engine.sample_rate))
-                    turn_ms, tail_ms, first = turn_ms + 1000.0 * len(pcm) / self._engine.sample_rate, 0.0, True
+                    if turn_ms > 0:  # a pause before anything was said is no pause (and no first audio)
+                        pcm = np.zeros(int(self._engine.sample_rate * max(0.0, clause.ms - tail_ms) / 1000), np.float32)
+                        self._emit(AudioChunk(pcm=pcm, sample_rate=self._engine.sample_rate))
+                        turn_ms, tail_ms, first = turn_ms + 1000.0 * len(pcm) / self._engine.sample_rate, 0.0, True
                     continue
                 pcm, starts = await self._engine.synthesize(clause.text, self._group)
                 if first:

@@ -42,6 +42,11 @@ How it meets Pipecat's ``TTSService`` contract (pipecat-ai 1.x, ``services/tts_s
   (category ``APPLICATION``: the text, not the service, is at fault); the rest is spoken.
 - **The end of a reply** ends the Myna turn's input, also when its context went quiet before
   (so its last words are spoken and the turn finishes).
+- **Pauses inside a reply.** Myna speaks a finished sentence at once, but Pipecat's TOKEN-mode
+  sentence aggregator confirms it (and so its transcript frames) only at the next token. The
+  base closes an audio context that has had no audio for ``stop_frame_timeout_s`` and drops
+  words not yet confirmed; Myna ends its contexts itself, so the default here is
+  :data:`STOP_FRAME_TIMEOUT_S`, and an LLM that pauses mid-reply loses no transcript.
 """
 
 from __future__ import annotations
@@ -61,6 +66,13 @@ from pipecat.utils.errors import ErrorCategory
 from myna.engines import Engine
 from myna.integrations.backend import Audio, Backend, MynaError, Notice, Turn, create_backend
 from myna.text.intake import speech_in
+
+
+#: How long an audio context may go without audio before the base closes it (s). Myna ends every
+#: context itself when its turn is done, so this is only a safety net; Pipecat's default (3 s)
+#: would close a reply's context during an LLM pause, and with it the words of a sentence that
+#: Pipecat's own sentence aggregator has not yet confirmed (it waits for the next token).
+STOP_FRAME_TIMEOUT_S = 30.0
 
 
 class MynaTTSService(TTSService):
@@ -92,6 +104,7 @@ class MynaTTSService(TTSService):
             raise ValueError("pass either engine (in-process) or url (remote), not both")
         model = url is not None and (engine_name or "default") or (engine.name if engine else "piper")
         transforms = [*(kwargs.pop("text_transforms", None) or []), ("*", self._hold_until_speech)]
+        kwargs.setdefault("stop_frame_timeout_s", STOP_FRAME_TIMEOUT_S)
         super().__init__(
             text_aggregation_mode=text_aggregation_mode,
             push_start_frame=True,
@@ -188,9 +201,12 @@ class MynaTTSService(TTSService):
         context_id = self._replies.pop() if self._replies else None
         held, self._held, self._speaking = self._held, "", False
         if held and self._backend is not None:  # the reply never had speech: only what was left out to report
-            for skipped in {s.script: s for s in speech_in(held, self._backend.scripts)[1]}.values():
-                await self._notice(Notice("unsupported_language", f"the voice does not read {skipped.script} "
-                                                                   f"script; left out: {skipped.word!r}"))
+            first_by_script: dict[str, str] = {}
+            for skipped in speech_in(held, self._backend.scripts)[1]:
+                first_by_script.setdefault(skipped.script, skipped.word)
+            for script, word in first_by_script.items():
+                await self._notice(Notice("unsupported_language",
+                                          f"the voice does not read {script} script; left out: {word!r}"))
         if context_id is not None:
             await self.flush_audio(context_id)
         await super().on_turn_context_completed()
