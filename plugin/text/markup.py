@@ -9,8 +9,9 @@ and token streams cut them anywhere (``"It's fine <bre"``, ``'ak time="0.5s" />'
 - a tag that ends a line in HTML (``<br>``, ``<p>``, ``<li>``, ``<h1>``…): a line break;
 - any other tag (``<emphasis>``, ``</speak>``, ``<voice name="x">``, comments): a space.
 
-What is not a tag stays text: ``a < b``, ``<3``, and autolinks (``<https://x.y>``,
-``<a@b.c>``), which the normaliser reduces to their host.
+What is not a tag stays text: ``a < b``, ``<3``, ``x<y then z`` (an attribute without a value
+can only be a tag's last), and autolinks (``<https://x.y>``, ``<a@b.c>``), which the
+normaliser reduces to their host.
 """
 
 from __future__ import annotations
@@ -31,6 +32,12 @@ _LINE_TAGS = frozenset({"br", "p", "div", "li", "ul", "ol", "tr", "table", "h1",
 
 _ATTRIBUTE = r"""[A-Za-z_:][-\w:.]*(?:\s*=\s*(?:"[^"<>]*"|'[^'<>]*'|[^\s"'<>=`]+))?"""
 _TAG = re.compile(rf"<(/?)([A-Za-z][-\w:.]*)((?:\s+{_ATTRIBUTE})*)\s*/?\s*>")
+# The start of a tag still arriving: a name, then attributes with values (the last one may be
+# cut anywhere). "<y then more" is no tag: an attribute without a value can only be the last.
+_PARTIAL_TAG = re.compile(
+    r"""<(?:!|\?|/?[A-Za-z][-\w:.]*(?:\s+[A-Za-z_:][-\w:.]*\s*=\s*(?:"[^"<>]*"|'[^'<>]*'|[^\s"'<>=`]+))*"""
+    r"""(?:\s+(?:[A-Za-z_:][-\w:.]*(?:\s*=\s*(?:"[^"<>]*|'[^'<>]*|[^\s"'<>=`]*))?)?)?\s*/?)?$"""
+)
 _COMMENT = re.compile(r"<!--.*?-->|<![^<>]*>|<\?[^<>]*\?>", re.DOTALL)
 _TIME = re.compile(r"""\btime\s*=\s*["']?\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s)?\s*["']?""", re.IGNORECASE)
 _STRENGTH = re.compile(r"""\bstrength\s*=\s*["']?([-\w]+)""", re.IGNORECASE)
@@ -114,9 +121,11 @@ def _is_autolink(tag: str) -> bool:
 
 def _may_become_tag(rest: str) -> bool:
     """Whether text starting at "<" could still turn into a tag with more text."""
-    if len(rest) > MAX_TAG_CHARS or ">" in rest:
+    if len(rest) > MAX_TAG_CHARS or ">" in rest or _is_autolink(rest):
         return False
-    return rest == "<" or bool(_TAG_START.match(rest)) and not _is_autolink(rest)
+    if rest.startswith("<!--"):
+        return True  # a comment may hold anything until its "-->"
+    return bool(_PARTIAL_TAG.match(rest))
 
 
 def _meaning(tag: re.Match[str]) -> list[ScanItem]:

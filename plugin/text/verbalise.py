@@ -10,7 +10,8 @@ sentence end.
 
 - Prices: ``$500`` → "five hundred dollars", ``$12.75`` → "twelve dollars and seventy-five
   cents", ``€3,50`` → "three euros and fifty cents", ``$1.5M`` / ``$1.5 million`` → "one point
-  five million dollars", ``-$5`` → "minus five dollars", ``50¢`` → "fifty cents".
+  five million dollars", ``-$5`` → "minus five dollars", ``50¢`` → "fifty cents", ``$5-10`` →
+  "five to ten dollars".
 - Years: a four-digit number from 1000 to 2099 is read as a year ("nineteen twenty") unless it
   counts something: followed by a plural noun (``"1920 people"``, ``"2000 goals"``) or after a word that
   introduces a quantity (``"about 1500"``); after a year word (``"in"``, ``"since"``, a month…)
@@ -19,8 +20,10 @@ sentence end.
   right.
 - Roman numerals after a word that numbers things (``World War II``, ``Part III``, ``Chapter
   IV``, ``World War I``) are cardinals ("two"); after a monarch's or pope's name (``Henry
-  VIII``) ordinals ("the Eighth"), ``I`` excepted. Nowhere else is a numeral read as one: ``I``
-  alone is the pronoun, ``DC`` and ``MIX`` are letters and words.
+  VIII``) ordinals ("the Eighth"), ``I`` excepted; a numeral of ``I``, ``V`` and ``X`` of two
+  letters or more after another capitalised word is a title's number (``Rocky II``, ``Final
+  Fantasy VII``). Nowhere else is a numeral read as one: ``I`` alone is the pronoun, ``DC``,
+  ``XL`` and ``MIX`` are letters and words, ``IV`` and ``VI`` after a capital may be letters.
 - Abbreviations the voice misreads (``Jr.`` "junior", ``vs.`` "versus", ``No. 5`` "number
   five", ``Sgt.`` "Sergeant"…) are spelled out.
 - A full stop that does not end a sentence (pysbd, :mod:`myna.text.sentences`) is dropped, so
@@ -81,6 +84,8 @@ REGNAL_NAMES = frozenset(
 )
 _ROMAN = re.compile(r"^(?=[MDCLXVI])M{0,3}(CM|CD|D?C{0,3})(XC|XL|L?X{0,3})(IX|IV|V?I{0,3})$")
 _ROMAN_VALUES = {"I": 1, "V": 5, "X": 10, "L": 50, "C": 100, "D": 500, "M": 1000}
+# Numerals that are as often letters with a meaning of their own ("an IV drip", "the VI editor").
+_LETTERS_TOO = frozenset({"IV", "VI", "XX", "XXX"})
 
 #: Abbreviations the voice misreads, by lowercase spelling without the final stop. Titles
 #: (before a name), suffixes, company words and a few Latin ones.
@@ -105,6 +110,7 @@ _MONEY = re.compile(
     r"^(?P<sign>[-−–]?)(?P<cur>US\$|[$€£¥₹₨₩])(?P<num>\d[\d,]*(?:\.\d+)?)(?P<mult>[kKmMbBtT]|bn|mn)?$"
     r"|^(?P<sign2>[-−–]?)(?P<num2>\d[\d,]*(?:\.\d+)?)(?P<cur2>[€£¢])$"
 )
+_MONEY_RANGE = re.compile(r"^(?P<cur>US\$|[$€£¥₹₨₩])(?P<a>\d[\d,]*(?:\.\d+)?)[-–](?:US\$|[$€£¥₹₨₩])?(?P<b>\d[\d,]*(?:\.\d+)?)$")
 _YEAR = re.compile(r"^(?P<year>1\d{3}|20\d{2})(?P<s>s)?$")
 _YEAR_RANGE = re.compile(r"^(?P<a>1\d{3}|20\d{2})[-–](?P<b>\d{2}|1\d{3}|20\d{2})$")
 _DECADE = re.compile(r"^(?P<d>[1-9]0)s$")
@@ -169,6 +175,11 @@ def _plural(words: str) -> str:
 
 # -- prices ----------------------------------------------------------------------------------
 def _money(core: str, nxt: str | None) -> str | None:
+    if r := _MONEY_RANGE.match(core):  # "$5-10" → "five to ten dollars"
+        a, b = _amount(r["a"], r["cur"] == "€"), _amount(r["b"], r["cur"] == "€")
+        if a is None or b is None:
+            return None
+        return f"{cardinal(a)} to {cardinal(b)} {CURRENCIES[r['cur']][1]}"
     m = _MONEY.match(core)
     if not m:
         return None
@@ -262,6 +273,8 @@ def _roman(core: str, prev: str, before: list[str]) -> str | None:
         return cardinal(value)  # "World War I" too; "I" anywhere else is the pronoun
     if len(core) >= 2 and prev in REGNAL_NAMES and before[-1][:1].isupper():
         return "the " + num2words(value, lang="en", to="ordinal").replace(",", "").title()
+    if len(core) >= 2 and set(core) <= set("IVX") and core not in _LETTERS_TOO and before[-1][:1].isupper():
+        return cardinal(value)  # a sequel or a title: "Rocky II", "Final Fantasy VII"
     return None
 
 

@@ -140,10 +140,12 @@ def test_line_ending_tags_end_a_phrase():
 
 @pytest.mark.parametrize(
     ("text", "words"),
-    [("a < b", ["a", "b"]), ("I <3 you", ["I", "3", "you"]), ("see <https://example.org/x> now", ["see", "example.org", "now"])],
+    [("a < b", ["a", "b"]), ("I <3 you", ["I", "3", "you"]), ("see <https://example.org/x> now", ["see", "example.org", "now"]),
+     ("if x<y then z", ["if", "x", "y", "then", "z"]), ("so a<b, then", ["so", "a", "b,", "then"])],
 )
 def test_what_is_not_a_tag_stays_text(text, words):
     assert flat(feed([text])) == words
+    assert flat(feed(list(text))) == words  # also streamed character by character
 
 
 def test_an_unclosed_tag_at_the_end_of_the_turn_is_never_spoken():

@@ -35,6 +35,12 @@ def say(text: str) -> str:
         ("50¢", "fifty cents"),
         ("US$40", "forty dollars"),
         ("($500),", "(five hundred dollars),"),
+        ("$5-10", "five to ten dollars"),
+        ("$5–$10", "five to ten dollars"),
+        ("$100.00", "one hundred dollars"),
+        ("$0.05", "five cents"),
+        ("€1,000", "one thousand euros"),
+        ("£1.5m", "one point five million pounds"),
     ],
 )
 def test_prices_are_read_as_amounts_in_words(text, spoken):
@@ -90,6 +96,9 @@ def test_counts_negatives_decimals_and_other_numbers_are_left_to_the_voice(text)
         ("Queen Elizabeth II,", "Queen Elizabeth the Second,"),
         ("Pope John Paul II", "Pope John Paul the Second"),
         ("Louis XIV", "Louis the Fourteenth"),
+        ("Rocky II", "Rocky two"),
+        ("Final Fantasy VII", "Final Fantasy seven"),
+        ("Star Wars Episode IV", "Star Wars Episode four"),
     ],
 )
 def test_roman_numerals_after_a_numbering_word_or_a_regnal_name(text, spoken):
@@ -97,7 +106,8 @@ def test_roman_numerals_after_a_numbering_word_or_a_regnal_name(text, spoken):
 
 
 @pytest.mark.parametrize("text", ["I think I can", "So I did", "Washington DC", "a MIX of CD and DVD", "Malcolm X",
-                                  "Elizabeth I was queen", "Vitamin C", "Plan B"])
+                                  "Elizabeth I was queen", "Vitamin C", "Plan B", "Size XL", "Give IV fluids",
+                                  "an II grade"])
 def test_letters_that_are_not_numerals_stay_letters(text):
     assert say(text) == text
 
