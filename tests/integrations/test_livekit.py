@@ -139,6 +139,16 @@ async def test_a_segment_with_nothing_to_say_is_no_error_and_no_retry(myna_kwarg
     assert errors == []
 
 
+async def test_synthesize_of_nothing_to_say_is_no_error(myna_kwargs):
+    tts = myna_livekit.TTS(**myna_kwargs)
+    try:
+        async with asyncio.timeout(5):
+            frame = await tts.synthesize(":)").collect()
+    finally:
+        await tts.aclose()
+    assert first_audible_sample(np.frombuffer(frame.data, dtype=np.int16), tts.sample_rate) is None
+
+
 async def test_a_segment_in_another_script_is_no_error_and_the_rest_is_spoken(myna_kwargs, caplog):
     tts = myna_livekit.TTS(**myna_kwargs)
     errors = []
