@@ -91,6 +91,14 @@ class WordSegmenter:
         return [w[i : i + MAX_WORD_CHARS] for w in out for i in range(0, len(w), MAX_WORD_CHARS)]
 
 
+#: Words that lean on the word after them (articles, determiners, possessives, prepositions,
+#: conjunctions): an early first phrase ends before one, not after it.
+LEANING_WORDS = frozenset(
+    "a an the this that these those my your his her its our their to of in on at for with from by about "
+    "into onto over under after before and or but so if as than".split()
+)
+
+
 class _Chunker:
     """Words in, units out: what the chunkers share.
 
@@ -166,8 +174,11 @@ class _Chunker:
     def _new_turn(self) -> None:
         pass
 
-    def _cut(self) -> list[str]:
-        unit, self._words, self._chars, self._maybe = " ".join(self._words), [], 0, False
+    def _cut(self, n: int | None = None) -> list[str]:
+        """Return the first ``n`` words (all by default) as a unit; keep the rest."""
+        n = len(self._words) if n is None else n
+        unit, self._words = " ".join(self._words[:n]), self._words[n:]
+        self._chars, self._maybe = sum(len(w) + 1 for w in self._words), False
         return [unit] if has_speech(unit) else []
 
 
@@ -185,8 +196,9 @@ class ClauseChunker(_Chunker):
     - ``first_words`` / ``first_wait_s``, the first phrase early: while text streams in, the
       first unit also ends once ``first_words`` words are complete, or ``first_wait_s`` after
       its first word, whichever comes first (see :meth:`poll`; never inside a word, and not
-      right after a word that may end a sentence, which the next word decides). Later units
-      are clause-sized.
+      right after a word that may end a sentence, which the next word decides). It ends
+      before the last word that leans on the next (``"the"``, ``"to"``), if two words or more
+      come before it. Later units are clause-sized.
     - ``first_min_words``: the first unit ends at a clause boundary only once it holds that
       many words (trading first-audio latency for prosody).
 
@@ -232,7 +244,7 @@ class ClauseChunker(_Chunker):
         once ``first_words`` words are in (and no more are at hand: a clause that arrives
         whole is one unit) or ``first_wait_s`` has passed since its first word."""
         due = self.deadline
-        return self._cut() if due is not None and now >= due else []
+        return self._cut(self._phrase_end()) if due is not None and now >= due else []
 
     @property
     def deadline(self) -> float | None:
@@ -255,11 +267,21 @@ class ClauseChunker(_Chunker):
     def _new_turn(self) -> None:
         self._first = True
 
-    def _cut(self) -> list[str]:
-        units = super()._cut()
+    def _cut(self, n: int | None = None) -> list[str]:
+        units = super()._cut(n)
         if units:
             self._first = False
         return units
+
+    def _phrase_end(self) -> int:
+        """How many words the early first phrase takes: all of them, or the words before the
+        last one that leans on what follows ("the", "to", "with"…), so the cut falls between
+        phrases ("She painted | the old fence") and not inside one ("the old | fence"),
+        where the voice's fresh start makes the word after the cut harder to hear."""
+        for i in range(len(self._words) - 1, 1, -1):
+            if self._words[i].lower() in LEANING_WORDS:
+                return i
+        return len(self._words)
 
 
 class SentenceChunker(_Chunker):

@@ -91,8 +91,8 @@ def test_the_first_phrase_goes_at_four_words_when_no_clause_break_has_come():
     for i, word in enumerate("Well I think the answer is probably yes but".split()):
         now = 0.033 * i
         units += chunker.push(word, now) + chunker.poll(now)  # as the stream does after each batch
-    assert units[0] == "Well I think the"  # four words, a word never split
-    assert chunker.flush() == ["answer is probably yes but"]  # later units are clause-sized
+    assert units[0] == "Well I think"  # four words in, cut before the word that leans on the next
+    assert chunker.flush() == ["the answer is probably yes but"]  # later units are clause-sized
 
 
 def test_the_first_phrase_goes_after_the_wait_when_words_come_slowly():
@@ -133,3 +133,21 @@ def test_a_new_turn_gets_the_first_phrase_rule_again():
     assert chunker.flush() == []
     chunker.push("b", 5.0)
     assert chunker.deadline == pytest.approx(5.25)
+
+
+@pytest.mark.parametrize(
+    ("words", "first"),
+    [
+        ("She painted the old fence", "She painted"),
+        ("Please remember to bring your", "Please remember"),
+        ("I have checked the schedule", "I have checked"),
+        ("The weather today is sunny", "The weather today is"),
+        ("Go to the", "Go to"),  # two words at least before the cut: not "Go | to the"
+        ("It is the", "It is"),
+    ],
+)
+def test_the_early_first_phrase_ends_between_phrases(words, first):
+    chunker = early()
+    for word in words.split()[:4]:
+        chunker.push(word, 0.0)
+    assert chunker.poll(0.3) == [first]
