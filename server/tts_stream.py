@@ -308,6 +308,7 @@ class StreamConnection:
             "engine": self.engine.name,
             "voice": self.voice,
             "sample_rate": self.sample_rate,
+            "scripts": sorted(self.engine.scripts),
         }
 
     async def run(self) -> None:

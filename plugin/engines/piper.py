@@ -27,18 +27,30 @@ import threading
 import time
 from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from myna.engines.base import AudioChunk, Engine, EngineError, SynthesisStream, WordEvent, spoken_word
-from myna.text import ClauseChunker
-from myna.text.normalise import has_speech
+from myna.text import ClauseChunker, Pause, SentenceChunker, WholeChunker
+from myna.text.normalise import ends_clause
+from myna.text.verbalise import verbalise
 
 log = logging.getLogger(__name__)
 
-#: Leading silence kept before the first audible sample of a turn (ms).
+#: Leading silence kept before the first audible sample of a turn, or after a pause (ms).
 LEAD_IN_MS = 5.0
+#: Silence kept at the end of a unit cut mid-phrase, and before the next unit's first sound
+#: (ms): together shorter than a pause, long enough not to clip a soft word edge ("f", "d"),
+#: which costs intelligibility (Whisper heard "old fence" as "old vents" with 15 + 5 ms).
+JOIN_MS = 50.0
+JOIN_LEAD_MS = 30.0
+#: The first phrase of a streamed turn ends after this many words at most (issue 10).
+FIRST_PHRASE_WORDS = 4
+#: ... or this long after its first word is complete (s), whichever comes first.
+FIRST_PHRASE_WAIT_S = 0.25
 _SILENCE = 0.003  # |sample| below this counts as silence when trimming the turn's start
 
 
@@ -97,67 +109,13 @@ class FairExecutor:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-_SENTENCE_END = ".!?…"
-_CLOSERS = "\"'”’)]}*_"
-
-
-class SentenceChunker:
-    """Like :class:`ClauseChunker`, but a unit ends only at a sentence end (``. ! ? …``).
-
-    A unit also ends after ``max_words`` words or ``max_chars`` characters without one (at a
-    word boundary), so a reply without punctuation cannot hold a thread forever.
-    """
-
-    def __init__(self, max_words: int = 60, max_chars: int = 480) -> None:
-        self.max_words, self.max_chars = max_words, max_chars
-        self._words: list[str] = []
-        self._chars = 0
-
-    def push(self, word: str) -> list[str]:
-        units = []
-        for w in word.split():
-            self._words.append(w)
-            self._chars += len(w) + 1
-            core = w.rstrip(_CLOSERS)
-            at_end = bool(core) and core[-1] in _SENTENCE_END and not _is_abbreviation(w)
-            if at_end or len(self._words) >= self.max_words or self._chars >= self.max_chars:
-                units += self.flush()
-        return units
-
-    def flush(self) -> list[str]:
-        unit, self._words, self._chars = " ".join(self._words), [], 0
-        return [unit] if has_speech(unit) else []
-
-
-class WholeChunker(SentenceChunker):
-    """The whole reply is one unit, returned at the end of the turn (a non-streaming pipeline).
-
-    Capped at ``max_chars`` characters per unit (at a word boundary) so one turn cannot hold a
-    synthesis thread without bound; a normal reply is far shorter.
-    """
-
-    def __init__(self, max_chars: int = 4000) -> None:
-        super().__init__(max_words=10**9, max_chars=max_chars)
-
-    def push(self, word: str) -> list[str]:
-        units = []
-        for w in word.split():
-            self._words.append(w)
-            self._chars += len(w) + 1
-            if self._chars >= self.max_chars:
-                units += self.flush()
-        return units
-
-
-def _is_abbreviation(word: str) -> bool:
-    from myna.text.segment import _ABBREVIATIONS  # the clause chunker's list ("Dr." ends nothing)
-
-    return word.lower() in _ABBREVIATIONS
-
-
-#: Streaming strategies: the unit of synthesis → a chunker factory and a description.
+#: Streaming strategies: the unit of synthesis → a chunker factory and a description. The clause
+#: strategy speaks its first phrase early (issue 10): at the first clause break, or once
+#: :data:`FIRST_PHRASE_WORDS` words are complete, or :data:`FIRST_PHRASE_WAIT_S` after the first
+#: word, whichever comes first; later units are clause-sized.
 STRATEGIES = {
-    "clause": (ClauseChunker, "by clause: a unit ends at , ; : . ! ? … —"),
+    "clause": (partial(ClauseChunker, first_words=FIRST_PHRASE_WORDS, first_wait_s=FIRST_PHRASE_WAIT_S),
+               "by clause: a unit ends at , ; : . ! ? … — (the first phrase early)"),
     "sentence": (SentenceChunker, "by sentence: a unit ends at . ! ? …"),
     "whole": (WholeChunker, "whole reply: one unit, synthesised at end_turn"),
 }
@@ -363,44 +321,111 @@ def _proportional_starts(words: list[str], n_samples: int) -> list[int]:
     return [int(e * n_samples) for e in edges]
 
 
-class PiperStream(SynthesisStream):
-    """One turn on the Piper engine: clauses are synthesised in order as they complete."""
+@dataclass(frozen=True)
+class _Unit:
+    """One synthesis job: the written words (captions) and what the voice reads for each."""
 
-    def __init__(self, engine: PiperEngine, group: object = None, chunker=None):
-        super().__init__()
+    words: list[str]
+    spoken: list[str]
+
+    @property
+    def text(self) -> str:
+        return " ".join(self.spoken)
+
+    @property
+    def ends_phrase(self) -> bool:
+        """Whether the unit ends at punctuation (else it was cut mid-phrase: join it tightly)."""
+        return ends_clause(self.words[-1])
+
+    def word_starts(self, starts: list[float]) -> list[float]:
+        """Each written word's start: the start of the first spoken word it became."""
+        out, i = [], 0
+        for form in self.spoken:
+            out.append(starts[min(i, len(starts) - 1)] if starts else 0.0)
+            i += len(form.split())
+        return out
+
+
+class PiperStream(SynthesisStream):
+    """One turn on the Piper engine: units are synthesised in order as they complete.
+
+    Each unit is verbalised first (:func:`myna.text.verbalise.verbalise`: prices, years, Roman
+    numerals, abbreviations in words; stops that end no sentence removed), with the words of
+    the unit before it as context; word events carry the written words. A ``<break>`` becomes
+    silence: its length less the silence already at the end of the audio before it, and the
+    unit after it starts with :data:`JOIN_LEAD_MS` of lead-in, so the gap heard is the pause (a
+    break before the turn's first words is dropped: it would only delay them). A unit cut
+    mid-phrase (the first phrase early, a long clause) keeps :data:`JOIN_MS` of its trailing
+    silence and the next unit :data:`JOIN_LEAD_MS` of its leading silence, so no pause is heard
+    where the text has none.
+    """
+
+    def __init__(self, engine: PiperEngine, group: object = None, chunker=None, **intake):
+        super().__init__(scripts=engine.scripts, **intake)
         self._engine = engine
         self._group = group if group is not None else self
         self._chunker = chunker if chunker is not None else ClauseChunker()
-        self._clauses: asyncio.Queue[str | None] = asyncio.Queue()
+        self._said: list[str] = []  # the last words handed to the voice: context for the next unit
+        self._clauses: asyncio.Queue[_Unit | Pause | None] = asyncio.Queue()
         self._task = self._loop.create_task(self._run())
 
     def _on_words(self, words: list[str]) -> None:
+        now = self._now()
         for word in words:
-            for clause in self._chunker.push(word):
-                self._clauses.put_nowait(clause)
+            self._add_jobs(self._chunker.push(word, now))
+        self._add_jobs(self._chunker.poll(now))  # the first phrase, if this batch completed it
+
+    def _on_pause(self, ms: float) -> None:
+        self._add_jobs(self._chunker.pause(ms))
+
+    def _on_quiet(self) -> None:
+        self._add_jobs(self._chunker.settle())
+
+    def _next_deadline(self) -> float | None:
+        return self._chunker.deadline
+
+    def _on_deadline(self, now: float) -> None:
+        self._add_jobs(self._chunker.poll(now))
 
     def _on_end_input(self) -> None:
-        for clause in self._chunker.flush():
-            self._clauses.put_nowait(clause)
+        self._add_jobs(self._chunker.flush())
         self._clauses.put_nowait(None)
+
+    def _add_jobs(self, jobs: list[str | Pause]) -> None:
+        for job in jobs:
+            if isinstance(job, str):
+                words = job.split()
+                job = _Unit(words, verbalise(words, self._said))
+                self._said = words
+            self._clauses.put_nowait(job)
 
     def _on_cancel(self) -> None:
         self._task.cancel()
 
     async def _run(self) -> None:
         turn_ms = 0.0
-        first = True
+        lead_ms: float | None = LEAD_IN_MS  # leading silence to keep on the next audio (None: as made)
+        tail_ms = 0.0  # silence at the end of the audio so far
         try:
             while (clause := await self._clauses.get()) is not None:
-                pcm, starts = await self._engine.synthesize(clause, self._group)
-                if first:
-                    pcm, trimmed_ms = _trim_lead_in(pcm, self._engine.sample_rate)
+                if isinstance(clause, Pause):
+                    if turn_ms > 0:  # a pause before anything was said is no pause (and no first audio)
+                        pcm = np.zeros(int(self._engine.sample_rate * max(0.0, clause.ms - tail_ms) / 1000), np.float32)
+                        self._emit(AudioChunk(pcm=pcm, sample_rate=self._engine.sample_rate))
+                        turn_ms, tail_ms, lead_ms = turn_ms + 1000.0 * len(pcm) / self._engine.sample_rate, 0.0, JOIN_LEAD_MS
+                    continue
+                pcm, starts = await self._engine.synthesize(clause.text, self._group)
+                if lead_ms is not None:
+                    pcm, trimmed_ms = _trim_lead_in(pcm, self._engine.sample_rate, lead_ms)
                     starts = [max(0.0, s - trimmed_ms) for s in starts]
-                    first = len(pcm) == 0
-                for word, start in zip(clause.split(), starts):
+                    lead_ms = lead_ms if len(pcm) == 0 else None
+                if not clause.ends_phrase:
+                    pcm, lead_ms = _trim_tail(pcm, self._engine.sample_rate, JOIN_MS), JOIN_LEAD_MS
+                for word, start in zip(clause.words, clause.word_starts(starts)):
                     self._emit(WordEvent(word=spoken_word(word), start_ms=turn_ms + start))
                 if len(pcm):
                     self._emit(AudioChunk(pcm=pcm, sample_rate=self._engine.sample_rate))
+                    tail_ms = _tail_silence_ms(pcm, self._engine.sample_rate)
                 turn_ms += 1000.0 * len(pcm) / self._engine.sample_rate
         except asyncio.CancelledError:
             pass
@@ -411,10 +436,22 @@ class PiperStream(SynthesisStream):
             self._finish()
 
 
-def _trim_lead_in(pcm: np.ndarray, sample_rate: int) -> tuple[np.ndarray, float]:
-    """Drop leading silence, keeping :data:`LEAD_IN_MS`; returns (pcm, ms removed)."""
+def _trim_tail(pcm: np.ndarray, sample_rate: int, keep_ms: float) -> np.ndarray:
+    """Drop trailing silence, keeping ``keep_ms``."""
+    loud = np.nonzero(np.abs(pcm) > _SILENCE)[0]
+    return pcm[: int(loud[-1]) + 1 + int(sample_rate * keep_ms / 1000)] if len(loud) else pcm
+
+
+def _tail_silence_ms(pcm: np.ndarray, sample_rate: int) -> float:
+    """How long the audio is silent at its end (ms)."""
+    loud = np.nonzero(np.abs(pcm) > _SILENCE)[0]
+    return 1000.0 * (len(pcm) - (int(loud[-1]) + 1 if len(loud) else 0)) / sample_rate
+
+
+def _trim_lead_in(pcm: np.ndarray, sample_rate: int, keep_ms: float = LEAD_IN_MS) -> tuple[np.ndarray, float]:
+    """Drop leading silence, keeping ``keep_ms``; returns (pcm, ms removed)."""
     loud = np.nonzero(np.abs(pcm) > _SILENCE)[0]
     if not len(loud):
         return pcm[:0], 0.0
-    cut = max(0, int(loud[0]) - int(sample_rate * LEAD_IN_MS / 1000))
+    cut = max(0, int(loud[0]) - int(sample_rate * keep_ms / 1000))
     return pcm[cut:], 1000.0 * cut / sample_rate

@@ -32,7 +32,7 @@ from typing import Protocol
 import numpy as np
 
 from myna.audio.playout import SAMPLE_RATE, Playout
-from myna.engines import AudioChunk, Engine, EngineError, SynthesisStream
+from myna.engines import AudioChunk, Engine, EngineError, ErrorEvent, SynthesisStream
 from myna.metrics import Metrics
 from myna.rtc.track import PacedAudioTrack
 
@@ -202,6 +202,8 @@ class Session:
             async for item in turn.stream:
                 if isinstance(item, AudioChunk):
                     self._output.push_audio(turn.turn_id, item.pcm, item.sample_rate)
+                elif isinstance(item, ErrorEvent):  # part of the turn left out; the rest is spoken
+                    self._error(item.code, item.message, turn_id=turn.turn_id)
                 else:
                     self._output.push_word(turn.turn_id, item.word, item.start_ms)
         except EngineError as exc:
