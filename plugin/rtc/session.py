@@ -208,7 +208,11 @@ class Session:
 
     def interrupt(self) -> None:
         """Barge-in: cancel synthesis of every turn and drop its queued audio."""
-        for turn_id, audio_ms, underruns in self._output.interrupt():
+        self._drop_turns(self._output.interrupt())
+
+    def _drop_turns(self, dropped: list[tuple[str, float, int]]) -> None:
+        """End the given ``(turn_id, audio_ms, underruns)`` turns as interrupted."""
+        for turn_id, audio_ms, underruns in dropped:
             turn = self._turns.pop(turn_id, None)
             self._past_turns.append(turn_id)
             if turn is not None:
@@ -248,7 +252,13 @@ class Session:
     def _on_frame_error(self, exc: BaseException) -> None:
         """The track could not build a frame: drop the turns (their audio is what failed) and say so."""
         self._error("audio_failed", f"audio output failed ({type(exc).__name__}); the turns in progress were dropped")
-        self.interrupt()
+        try:
+            self.interrupt()
+        except Exception:  # the queue itself is what broke: the track goes on with a fresh one
+            log.exception("the playout could not be interrupted; replacing it")
+            self.playout = self._output = Playout(self._on_playout_event, clock=self.clock)
+            self.track.playout = self.playout
+            self._drop_turns([(turn_id, 0.0, 0) for turn_id in self._turns])
 
     # -- lifecycle ----------------------------------------------------------------------
     @property
