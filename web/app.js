@@ -8,6 +8,7 @@
 import { Lane, audioContext, SAMPLE_RATE } from "./lane.js";
 import { summary } from "./stats.js";
 import { tokenChunks } from "./tokens.js";
+import { askForToken, hasToken } from "./auth.js";
 
 const $ = (id) => document.getElementById(id);
 const ui = {
@@ -531,6 +532,7 @@ async function pollHealth() {
     const body = await res.json().catch(() => ({}));
     health.state = res.ok ? "ready" : "starting";
     health.engines = Array.isArray(body.engines) ? body.engines : [];
+    if (body.auth && !hasToken()) askForToken();
   } catch {
     health.state = "down";
   }
