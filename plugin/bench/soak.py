@@ -6,7 +6,8 @@ Three parts, one JSON:
    the WebSocket alternately, ``--concurrency`` at a time, against a worker in this process.
    After ``--warmup`` cycles the process is measured (baseline), and again after the rest:
    RSS, open file descriptors, asyncio tasks, threads and live ``RTCPeerConnection`` objects
-   (``gc``) — each should be back to its baseline (RSS within 20 MB).
+   (``gc``) — each should be back to its baseline (RSS within 20 MB). Thread-pool workers are
+   counted apart: a pool grows on demand up to its bound and keeps its threads.
 2. **Idle.** ``--idle-sessions`` connected sessions that say nothing, three windows of
    ``--idle-seconds``: the worker's CPU per idle session and idle sessions per core. The
    clients run in a child process, so only the worker's own CPU is counted.
@@ -90,7 +91,8 @@ class Counts:
     rss_mb: float
     fds: int
     tasks: int
-    threads: int
+    threads: int  # not counting thread-pool workers (below)
+    pool_threads: int  # workers of thread pools (the event loop's executor grows on demand, to a bound)
     peer_connections: int
 
 
@@ -100,11 +102,14 @@ def counts() -> Counts:
 
     gc.collect()
     process = psutil.Process()
+    threads = threading.enumerate()
+    pool = sum(t.name.startswith("ThreadPoolExecutor-") for t in threads)
     return Counts(
         rss_mb=round(process.memory_info().rss / 2**20, 1),
         fds=process.num_fds(),
         tasks=len(asyncio.all_tasks()),
-        threads=threading.active_count(),
+        threads=len(threads) - pool,
+        pool_threads=pool,
         peer_connections=sum(isinstance(o, RTCPeerConnection) for o in gc.get_objects()),
     )
 
@@ -350,9 +355,10 @@ def print_cycles(c: dict) -> None:
     print(f"\nSoak: {c['cycles']} cycles ({c['warmup']} warm-up), {c['concurrency']} at a time, WebRTC and WebSocket "
           f"alternately, {c['seconds']} s, {c['failures']} failed")
     print(f"{'':18}{'baseline':>10}{'end':>10}  back")
-    for key in ("rss_mb", "fds", "tasks", "threads", "peer_connections"):
-        ok = c["back_to_baseline"]["rss" if key == "rss_mb" else key]
-        print(f"{key:18}{c['baseline'][key]:>10}{c['end'][key]:>10}  {'yes' if ok else 'NO'}")
+    for key in ("rss_mb", "fds", "tasks", "threads", "peer_connections", "pool_threads"):
+        ok = c["back_to_baseline"].get("rss" if key == "rss_mb" else key)
+        back = "" if ok is None else "yes" if ok else "NO"
+        print(f"{key:18}{c['baseline'][key]:>10}{c['end'][key]:>10}  {back}")
     print(f"RSS growth {c['rss_growth_mb']} MB (target < {RSS_GROWTH_LIMIT_MB:g} MB)")
 
 

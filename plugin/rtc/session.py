@@ -169,7 +169,8 @@ class Session:
         if turn.input_ended:
             raise BadMessage("turn_ended", f"turn {turn_id!r} already ended; use a new turn_id")
         turn.chars += len(text)
-        if self.max_turn_chars is not None and turn.chars > self.max_turn_chars:  # nothing past the cap is spoken; the turn keeps what it had
+        if self.max_turn_chars is not None and turn.chars > self.max_turn_chars:
+            # Nothing past the cap is spoken: the turn keeps what came before and its input ends.
             self._end_input(turn)
             raise BadMessage("turn_too_long", f"a turn may carry at most {self.max_turn_chars} characters; "
                                               "its input has ended")

@@ -17,7 +17,7 @@ async def test_100_cycles_over_webrtc_and_the_websocket_leave_every_count_at_its
         result = await soak_cycles(worker, url, cycles=100, warmup=20, concurrency=4)
     assert result["failures"] == 0
     assert result["back_to_baseline"] == {"rss": True, "fds": True, "tasks": True, "threads": True,
-                                          "peer_connections": True}, result
+                                          "peer_connections": True}, (result["baseline"], result["end"])
     assert result["end"]["peer_connections"] == 0
     assert result["rss_growth_mb"] < 10, result
 

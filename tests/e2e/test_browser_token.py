@@ -7,7 +7,6 @@ import os
 
 import pytest
 
-from conftest import RunningWorker
 from myna.server.auth import mint_token
 
 sync_api = pytest.importorskip("playwright.sync_api")
@@ -23,8 +22,8 @@ if not os.path.exists(CHROMIUM):
     pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium)", allow_module_level=True)
 
 
-def test_the_page_asks_for_a_token_and_connects_with_one(tmp_path):
-    worker = RunningWorker("--api-key", KEY, "--api-secret", SECRET, "--max-sessions", "16", "--offer-rate", "0",
+def test_the_page_asks_for_a_token_and_connects_with_one(start_worker):
+    worker = start_worker("--api-key", KEY, "--api-secret", SECRET, "--max-sessions", "16", "--offer-rate", "0",
                            "--engine", "piper")
     token = mint_token(KEY, SECRET, "page-user", datetime.timedelta(hours=1))
     try:

@@ -14,7 +14,6 @@ import urllib.request
 import aiohttp
 import pytest
 
-from conftest import RunningWorker
 from myna.rtc.client import MynaClient
 
 pytestmark = pytest.mark.network
@@ -38,8 +37,8 @@ async def speaking_client(url: str) -> tuple[MynaClient, asyncio.Future]:
     return client, turn
 
 
-async def test_sigterm_mid_turn_finishes_the_turn_refuses_new_sessions_and_exits_0():
-    worker = RunningWorker("--peer-timeout", "3", "--max-sessions", "8", "--drain-timeout", "30")
+async def test_sigterm_mid_turn_finishes_the_turn_refuses_new_sessions_and_exits_0(start_worker):
+    worker = start_worker("--peer-timeout", "3", "--max-sessions", "8", "--drain-timeout", "30")
     try:
         client, turn = await speaking_client(worker.url)
         worker.proc.send_signal(signal.SIGTERM)
@@ -71,8 +70,8 @@ async def test_sigterm_mid_turn_finishes_the_turn_refuses_new_sessions_and_exits
     assert "draining: 1 session(s) speaking" in log
 
 
-async def test_a_second_signal_exits_at_once():
-    worker = RunningWorker("--peer-timeout", "3", "--max-sessions", "8", "--drain-timeout", "30")
+async def test_a_second_signal_exits_at_once(start_worker):
+    worker = start_worker("--peer-timeout", "3", "--max-sessions", "8", "--drain-timeout", "30")
     try:
         client, turn = await speaking_client(worker.url)
         worker.proc.send_signal(signal.SIGTERM)
@@ -87,8 +86,8 @@ async def test_a_second_signal_exits_at_once():
         worker.stop()
 
 
-def test_health_polls_leave_no_access_line_at_info_and_json_logs_parse():
-    worker = RunningWorker("--peer-timeout", "3", "--max-sessions", "8")
+def test_health_polls_leave_no_access_line_at_info_and_json_logs_parse(start_worker):
+    worker = start_worker("--peer-timeout", "3", "--max-sessions", "8")
     try:
         for path in ("/healthz", "/livez", "/metrics", "/healthz", "/"):
             urllib.request.urlopen(worker.url + path, timeout=10).read()
