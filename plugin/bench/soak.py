@@ -172,6 +172,8 @@ async def run_cycles(url: str, n: int, concurrency: int, first: int = 0) -> int:
             except Exception as exc:
                 failures += 1
                 print(f"cycle {i} failed: {exc}", file=sys.stderr)
+            if (i + 1) % 100 == 0:
+                print(f"  {i + 1} cycles", file=sys.stderr, flush=True)
 
     await asyncio.gather(*(lane() for _ in range(concurrency)))
     return failures

@@ -5,8 +5,12 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
+import os
+import subprocess
+import sys
 
 import aiohttp
+import jwt
 import pytest
 from livekit.api import AccessToken, VideoGrants
 
@@ -18,7 +22,6 @@ from myna.server.app import Worker
 from myna.server.auth import Authenticator, mint_token
 from myna.server.limits import Limits
 
-pytestmark = pytest.mark.network
 
 KEY, SECRET = "myna-test-key", "a-test-secret-that-is-long-enough-for-hs256"
 HOUR = datetime.timedelta(hours=1)
@@ -58,6 +61,7 @@ async def speak_ws(ws, turn_id: str, text: str) -> list[dict]:
 
 
 # -- tokens ----------------------------------------------------------------------------------
+@pytest.mark.network
 async def test_tokens_over_http_missing_bad_expired_wrong_grant_and_good():
     w = worker()
     w.auth = Authenticator(KEY, SECRET)
@@ -81,6 +85,7 @@ async def test_tokens_over_http_missing_bad_expired_wrong_grant_and_good():
         assert not w.peers or all(p.owner == "identity:alice" for p in w.peers.values())
 
 
+@pytest.mark.network
 async def test_tokens_over_the_websocket_header_and_query():
     w = worker()
     w.auth = Authenticator(KEY, SECRET)
@@ -107,6 +112,7 @@ async def test_tokens_over_the_websocket_header_and_query():
 
 
 # -- limits ----------------------------------------------------------------------------------
+@pytest.mark.network
 async def test_the_session_past_the_cap_gets_503_and_the_others_keep_speaking():
     w = worker(max_sessions=2)
     async with serve_in_process(w) as url, aiohttp.ClientSession() as http:
@@ -121,6 +127,7 @@ async def test_the_session_past_the_cap_gets_503_and_the_others_keep_speaking():
             await ws.close()
 
 
+@pytest.mark.network
 async def test_full_worker_refuses_offers_with_503_retry_after_and_readiness_says_full():
     w = worker(max_sessions=1)
     async with serve_in_process(w) as url, aiohttp.ClientSession() as http:
@@ -146,6 +153,7 @@ async def test_full_worker_refuses_offers_with_503_retry_after_and_readiness_say
         assert 'myna_limit{name="max_sessions"} 1.0' in metrics and 'myna_errors_total{code="full"} 1.0' in metrics
 
 
+@pytest.mark.network
 async def test_per_identity_cap_and_offer_rate_get_429_with_retry_after():
     w = worker(max_sessions_per_client=3, offer_rate=0.01, offer_burst=3)
     w.auth = Authenticator(KEY, SECRET)
@@ -167,6 +175,7 @@ async def test_per_identity_cap_and_offer_rate_get_429_with_retry_after():
         await ws.close()
 
 
+@pytest.mark.network
 async def test_turn_text_cap_speaks_nothing_past_it_and_the_session_lives():
     w = worker(max_turn_chars=20)
     async with serve_in_process(w) as url, aiohttp.ClientSession() as http, http.ws_connect(ws_url(url)) as ws:
@@ -182,6 +191,7 @@ async def test_turn_text_cap_speaks_nothing_past_it_and_the_session_lives():
         assert [e["word"] for e in more if e["type"] == "word"] == ["seven"]
 
 
+@pytest.mark.network
 async def test_queued_turn_cap_and_message_rate_cap():
     w = worker(max_queued_turns=2, message_rate=0.5, message_burst=6)
     async with serve_in_process(w) as url, aiohttp.ClientSession() as http, http.ws_connect(ws_url(url)) as ws:
@@ -209,6 +219,7 @@ async def test_queued_turn_cap_and_message_rate_cap():
 
 
 # -- outgoing size ---------------------------------------------------------------------------
+@pytest.mark.network
 async def test_errors_echo_at_most_a_little_of_the_input_and_nothing_over_16_kib():
     w = worker()
     huge = {"type": "😀" * 4000}  # 16 000 bytes of UTF-8: accepted size, unknown type
@@ -229,3 +240,20 @@ async def test_errors_echo_at_most_a_little_of_the_input_and_nothing_over_16_kib
             event = await asyncio.wait_for(client._next_event("error"), 10)
             assert event["code"] == "unknown_type" and len(json.dumps(event)) < 1024
     assert MAX_MESSAGE_BYTES == 16 * 1024
+
+
+# -- the command line ------------------------------------------------------------------------
+def test_myna_token_mints_what_the_worker_verifies_and_serve_refuses_an_open_public_address():
+    env_keys = {"MYNA_API_KEY": KEY, "MYNA_API_SECRET": SECRET}
+    out = subprocess.run([sys.executable, "-m", "myna.cli", "token", "--identity", "erin", "--ttl", "90m",
+                          "--engines", "tone2", "--max-sessions", "2"],
+                         capture_output=True, text=True, timeout=60, env={**os.environ, **env_keys})
+    assert out.returncode == 0, out.stderr
+    grant = Authenticator(KEY, SECRET).verify(out.stdout.strip())
+    assert (grant.identity, grant.engines, grant.max_sessions) == ("erin", frozenset({"tone2"}), 2)
+    claims = jwt.decode(out.stdout.strip(), options={"verify_signature": False})
+    assert claims["exp"] - claims["nbf"] == 90 * 60
+
+    refused = subprocess.run([sys.executable, "-m", "myna.cli", "serve", "--host", "0.0.0.0", "--port", "1"],
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and "--insecure" in refused.stderr
