@@ -19,7 +19,7 @@ Follow one connection:
 
 Bad input (bad JSON, a text message over 16 KiB, binary input, an unknown engine or voice, a
 late ``config``, messages over the rate cap) gets an ``error`` event and the connection stays
-open. No outgoing message is over 16 KiB. Opening the connection passes the worker's token check
+open. No outgoing message is over 16 KiB (PCM goes out in pieces of at most 16 KiB). Opening the connection passes the worker's token check
 and session limits (``?access_token=`` is accepted as well as the header). Messages over
 :data:`MAX_FRAME_BYTES` close the connection (WebSocket close code 1009). A client that
 disconnects mid-turn has its turns cancelled and the engine streams released.
@@ -39,7 +39,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from myna.audio.onset import first_audible_sample
 from myna.engines import Engine
-from myna.rtc.session import BadMessage, Session, encode_event, parse_message, quote_input
+from myna.rtc.session import MAX_MESSAGE_BYTES, BadMessage, Session, encode_event, parse_message, quote_input
 from myna.server.auth import AuthError, Grant
 from myna.server.limits import Limits, MessageRate
 
@@ -98,8 +98,8 @@ class Outbox:
             self.put_event({"type": "error", "code": "slow_consumer",
                             "message": f"over {self._max_audio_bytes // 2**20} MiB of audio unread; closing"})
             self._items.append(_CLOSE)
-        else:
-            self._items.append(pcm)
+        else:  # in messages of at most 16 KiB (an even size: whole samples), like every other
+            self._items.extend(pcm[i : i + MAX_MESSAGE_BYTES] for i in range(0, len(pcm), MAX_MESSAGE_BYTES))
         self._wake.set()
 
     def drop_audio(self) -> None:

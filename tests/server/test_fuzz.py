@@ -169,6 +169,7 @@ def test_the_websocket_endpoint_survives_any_message_sequence(server, raws):
                 async with asyncio.timeout(20):
                     async for msg in ws:  # the connection lives: the last turn is spoken
                         if msg.type == aiohttp.WSMsgType.BINARY:
+                            assert len(msg.data) <= MAX_MESSAGE_BYTES
                             continue
                         assert msg.type == aiohttp.WSMsgType.TEXT, msg
                         assert len(msg.data.encode()) <= MAX_MESSAGE_BYTES
