@@ -7,7 +7,9 @@ Three parts, one JSON:
    After ``--warmup`` cycles the process is measured (baseline), and again after the rest:
    RSS, open file descriptors, asyncio tasks, threads and live ``RTCPeerConnection`` objects
    (``gc``) — each should be back to its baseline (RSS within 20 MB). Thread-pool workers are
-   counted apart: a pool grows on demand up to its bound and keeps its threads.
+   counted apart: a pool grows on demand up to its bound and keeps its threads. RSS is also
+   given after ``malloc_trim`` (what the allocator kept from freed memory is not a leak) and
+   every 100 cycles (a leak climbs; allocator growth levels off).
 2. **Idle.** ``--idle-sessions`` connected sessions that say nothing, three windows of
    ``--idle-seconds``: the worker's CPU per idle session and idle sessions per core. The
    clients run in a child process, so only the worker's own CPU is counted.
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ctypes
 import gc
 import json
 import os
@@ -89,6 +92,7 @@ class Counts:
     """What a process holds: the figures a leak makes grow."""
 
     rss_mb: float
+    rss_trimmed_mb: float | None  # after glibc's malloc_trim: memory the allocator kept but nothing uses
     fds: int
     tasks: int
     threads: int  # not counting thread-pool workers (below)
@@ -102,16 +106,27 @@ def counts() -> Counts:
 
     gc.collect()
     process = psutil.Process()
+    rss_mb = round(process.memory_info().rss / 2**20, 1)
     threads = threading.enumerate()
-    pool = sum(t.name.startswith("ThreadPoolExecutor-") for t in threads)
+    pool = sum(t.name.startswith(("asyncio_", "ThreadPoolExecutor-")) for t in threads)  # executors' workers
     return Counts(
-        rss_mb=round(process.memory_info().rss / 2**20, 1),
+        rss_mb=rss_mb,
+        rss_trimmed_mb=round(process.memory_info().rss / 2**20, 1) if _malloc_trim() else None,
         fds=process.num_fds(),
         tasks=len(asyncio.all_tasks()),
         threads=len(threads) - pool,
         pool_threads=pool,
         peer_connections=sum(isinstance(o, RTCPeerConnection) for o in gc.get_objects()),
     )
+
+
+def _malloc_trim() -> bool:
+    """Hand freed heap back to the OS (glibc); False where there is no glibc."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        return False
+    return True
 
 
 async def settle(worker, timeout: float = 10.0) -> None:
@@ -159,8 +174,9 @@ async def websocket_cycle(url: str, text: str = REPLY) -> None:
         raise RuntimeError("the websocket closed before turn_done")
 
 
-async def run_cycles(url: str, n: int, concurrency: int, first: int = 0) -> int:
-    """``n`` cycles, ``concurrency`` at a time, alternating WebRTC and WebSocket; returns failures."""
+async def run_cycles(url: str, n: int, concurrency: int, first: int = 0, rss_mb: list | None = None) -> int:
+    """``n`` cycles, ``concurrency`` at a time, alternating WebRTC and WebSocket; returns failures.
+    Every 100 cycles, RSS (MB) is appended to ``rss_mb`` (whether memory levels off or climbs)."""
     queue = iter(range(first, first + n))
     failures = 0
 
@@ -173,7 +189,10 @@ async def run_cycles(url: str, n: int, concurrency: int, first: int = 0) -> int:
                 failures += 1
                 print(f"cycle {i} failed: {exc}", file=sys.stderr)
             if (i + 1) % 100 == 0:
-                print(f"  {i + 1} cycles", file=sys.stderr, flush=True)
+                rss = round(psutil.Process().memory_info().rss / 2**20, 1)
+                if rss_mb is not None:
+                    rss_mb.append((i + 1, rss))
+                print(f"  {i + 1} cycles, RSS {rss} MB", file=sys.stderr, flush=True)
 
     await asyncio.gather(*(lane() for _ in range(concurrency)))
     return failures
@@ -185,13 +204,14 @@ async def soak_cycles(worker, url: str, cycles: int, warmup: int, concurrency: i
     await settle(worker)
     baseline = counts()
     t0 = time.monotonic()
-    failures += await run_cycles(url, cycles - warmup, concurrency, first=warmup)
+    trajectory: list[tuple[int, float]] = []
+    failures += await run_cycles(url, cycles - warmup, concurrency, first=warmup, rss_mb=trajectory)
     seconds = time.monotonic() - t0
     await settle(worker)
     end = counts()
     return {"cycles": cycles, "warmup": warmup, "concurrency": concurrency, "failures": failures,
             "seconds": round(seconds, 1), "baseline": asdict(baseline), "end": asdict(end),
-            "rss_growth_mb": round(end.rss_mb - baseline.rss_mb, 1),
+            "rss_growth_mb": round(end.rss_mb - baseline.rss_mb, 1), "rss_mb_every_100_cycles": trajectory,
             "back_to_baseline": back_to_baseline(baseline, end)}
 
 
@@ -357,11 +377,12 @@ def print_cycles(c: dict) -> None:
     print(f"\nSoak: {c['cycles']} cycles ({c['warmup']} warm-up), {c['concurrency']} at a time, WebRTC and WebSocket "
           f"alternately, {c['seconds']} s, {c['failures']} failed")
     print(f"{'':18}{'baseline':>10}{'end':>10}  back")
-    for key in ("rss_mb", "fds", "tasks", "threads", "peer_connections", "pool_threads"):
+    for key in ("rss_mb", "rss_trimmed_mb", "fds", "tasks", "threads", "peer_connections", "pool_threads"):
         ok = c["back_to_baseline"].get("rss" if key == "rss_mb" else key)
         back = "" if ok is None else "yes" if ok else "NO"
         print(f"{key:18}{c['baseline'][key]:>10}{c['end'][key]:>10}  {back}")
-    print(f"RSS growth {c['rss_growth_mb']} MB (target < {RSS_GROWTH_LIMIT_MB:g} MB)")
+    print(f"RSS growth {c['rss_growth_mb']} MB (target < {RSS_GROWTH_LIMIT_MB:g} MB); RSS every 100 cycles: "
+          + " ".join(f"{mb:g}" for _, mb in c["rss_mb_every_100_cycles"]))
 
 
 def print_idle(i: dict) -> None:

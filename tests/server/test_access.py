@@ -92,8 +92,10 @@ async def test_tokens_over_the_websocket_header_and_query():
     good = mint_token(KEY, SECRET, "bob", HOUR)
     expired = mint_token(KEY, SECRET, "bob", -datetime.timedelta(minutes=5))
     tone2_only = mint_token(KEY, SECRET, "bob", HOUR, engines=["tone2"])
+    forged = mint_token(KEY, "another-secret-of-the-same-length-as-the-key!", "bob", HOUR)
+    room_token = AccessToken(KEY, SECRET).with_identity("bob").with_grants(VideoGrants(room_join=True, room="r")).to_jwt()
     async with serve_in_process(w) as url, aiohttp.ClientSession() as http:
-        for token, status in ((None, 401), ("garbage", 401), (expired, 401)):
+        for token, status in ((None, 401), ("garbage", 401), (forged, 401), (expired, 401), (room_token, 403)):
             with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
                 await http.ws_connect(ws_url(url, token))
             assert refused.value.status == status
