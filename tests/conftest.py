@@ -74,9 +74,10 @@ class RunningWorker:
 @pytest.fixture(scope="session")
 def worker():
     """One worker (embedded voice) shared by the end-to-end tests."""
-    # The whole suite connects from 127.0.0.1: no offer rate, and a session cap that is not
-    # measured on a busy machine.
-    w = RunningWorker("--peer-timeout", "3", "--offer-rate", "0", "--max-sessions", "32")
+    # The whole suite connects from 127.0.0.1: no per-client limits, and a session cap that is
+    # not measured on a busy machine.
+    w = RunningWorker("--peer-timeout", "3", "--offer-rate", "0", "--max-sessions-per-client", "0",
+                      "--max-sessions", "32")
     yield w
     w.stop()
 

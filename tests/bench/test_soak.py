@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from inprocess import ToneEngine
@@ -11,10 +16,28 @@ from myna.server.app import Worker
 pytestmark = pytest.mark.network
 
 
-async def test_100_cycles_over_webrtc_and_the_websocket_leave_every_count_at_its_baseline():
-    worker = Worker(engines={"tone": ToneEngine()})
+SOAK_CHILD = """
+import asyncio, json, sys
+sys.path.insert(0, {tests!r})
+from inprocess import ToneEngine
+from myna.bench.soak import serve_in_process, soak_cycles
+from myna.server.app import Worker
+
+async def main():
+    worker = Worker(engines={{"tone": ToneEngine()}})
     async with serve_in_process(worker) as url:
-        result = await soak_cycles(worker, url, cycles=100, warmup=20, concurrency=4)
+        print(json.dumps(await soak_cycles(worker, url, cycles=100, warmup=20, concurrency=4)))
+
+asyncio.run(main())
+"""
+
+
+def test_100_cycles_over_webrtc_and_the_websocket_leave_every_count_at_its_baseline():
+    """In a fresh process: the suite's own heap (models, other tests' leftovers) would blur RSS."""
+    code = SOAK_CHILD.format(tests=str(Path(__file__).resolve().parents[1]))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["failures"] == 0
     assert result["back_to_baseline"] == {"rss": True, "fds": True, "tasks": True, "threads": True,
                                           "peer_connections": True}, (result["baseline"], result["end"])
