@@ -1,11 +1,13 @@
-"""The ``myna`` command line: ``serve``, ``say`` and ``bench``."""
+"""The ``myna`` command line: ``serve``, ``say``, ``token`` and ``bench``."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -75,8 +77,11 @@ def _add_serve(sub) -> None:
     p.add_argument("--ice-server", action="append", default=[], metavar="URL",
                    help="opt-in STUN/TURN server URL (repeatable); none by default, so nothing leaves the host")
     p.add_argument("--ice-loopback", action="store_true", help="offer 127.0.0.1 as an ICE candidate even when binding elsewhere")
-    p.add_argument("--peer-timeout", type=float, default=10.0, help="seconds to detect a peer that stopped answering (default: %(default)s)")
+    p.add_argument("--peer-timeout", type=float, default=30.0,
+                   help="seconds without any answer to ICE consent checks before a peer is dropped "
+                        "(RFC 7675; default: %(default)s)")
     p.add_argument("--connect-timeout", type=float, default=30.0, help="seconds a new peer may take to connect (default: %(default)s)")
+    _add_access_options(p)
     _add_dsm_options(p)
     p.set_defaults(func=_serve)
 
@@ -92,35 +97,95 @@ def _port(text: str) -> int:
     return port
 
 
+def _add_access_options(p) -> None:
+    from myna.server.limits import Limits
+
+    d = Limits()
+    g = p.add_argument_group("access (tokens, limits, drain; 0 turns a limit off)")
+    g.add_argument("--api-key", default=os.environ.get("MYNA_API_KEY"),
+                   help="API key: with --api-secret, offers and the WebSocket need an access token (env MYNA_API_KEY)")
+    g.add_argument("--api-secret", default=os.environ.get("MYNA_API_SECRET"), help="API secret (env MYNA_API_SECRET)")
+    g.add_argument("--insecure", action="store_true", help="allow binding a non-loopback address without keys")
+    g.add_argument("--max-sessions", type=int, default=None,
+                   help="sessions at once (default: the default engine's capacity, measured at start-up)")
+    g.add_argument("--max-sessions-per-client", type=int, default=d.max_sessions_per_client,
+                   help="sessions per token identity (per address without keys) (default: %(default)s)")
+    g.add_argument("--offer-rate", type=float, default=d.offer_rate,
+                   help="offers and WebSocket connections per second per client (default: %(default)s)")
+    g.add_argument("--offer-burst", type=int, default=d.offer_burst, help="offers back to back before --offer-rate applies (default: %(default)s)")
+    g.add_argument("--message-rate", type=float, default=d.message_rate, help="client messages per second per session (default: %(default)s)")
+    g.add_argument("--message-burst", type=int, default=d.message_burst, help="messages back to back (default: %(default)s)")
+    g.add_argument("--max-turn-chars", type=int, default=d.max_turn_chars, help="characters per turn (default: %(default)s)")
+    g.add_argument("--max-queued-turns", type=int, default=d.max_queued_turns, help="turns queued per session (default: %(default)s)")
+    g.add_argument("--drain-timeout", type=float, default=30.0,
+                   help="on SIGTERM, seconds to let speaking turns finish before closing (default: %(default)s)")
+
+
+def _limits(args: argparse.Namespace):
+    from myna.server.limits import Limits
+
+    def on(value):
+        return value if value else None  # 0 turns a limit off
+
+    return Limits(max_sessions=on(args.max_sessions), max_sessions_per_client=on(args.max_sessions_per_client),
+                  offer_rate=on(args.offer_rate), offer_burst=args.offer_burst, message_rate=on(args.message_rate),
+                  message_burst=args.message_burst, max_turn_chars=on(args.max_turn_chars),
+                  max_queued_turns=on(args.max_queued_turns))
+
+
 def _serve(args: argparse.Namespace) -> int:
     from myna.rtc.ice import enable_loopback_candidates, is_loopback_host, set_peer_timeout
     from myna.server.app import Worker, create_app
+    from myna.server.auth import Authenticator
 
+    keys = (args.api_key, args.api_secret)
+    if any(keys) and not all(keys):
+        raise SystemExit("myna serve: --api-key and --api-secret go together (or MYNA_API_KEY and MYNA_API_SECRET)")
+    if not all(keys) and not is_loopback_host(args.host) and not args.insecure:
+        raise SystemExit(f"myna serve: refusing to listen on {args.host} without access keys: anyone who can reach it "
+                         "could use it. Set --api-key/--api-secret (mint tokens with `myna token`), or pass --insecure.")
     if args.ice_loopback or is_loopback_host(args.host):
         enable_loopback_candidates()
     set_peer_timeout(args.peer_timeout)
-    worker = Worker(engines=_engines(args.engine, _dsm_options(args)), ice_servers=args.ice_server, connect_timeout=args.connect_timeout)
-    return asyncio.run(_run_server(create_app(worker), worker, args.host, args.port))
+    worker = Worker(engines=_engines(args.engine, _dsm_options(args)), ice_servers=args.ice_server,
+                    connect_timeout=args.connect_timeout, limits=_limits(args),
+                    auth=Authenticator(*keys) if all(keys) else None, measure_capacity=args.max_sessions is None)
+    return asyncio.run(_run_server(create_app(worker), worker, args.host, args.port, drain_timeout=args.drain_timeout))
 
 
-async def _run_server(app, worker, host: str, port: int) -> int:
+async def _run_server(app, worker, host: str, port: int, drain_timeout: float = 0.0) -> int:
+    """Serve until SIGINT/SIGTERM, then drain (up to ``drain_timeout`` s) and exit 0; a second
+    signal exits at once."""
     from aiohttp import web
 
-    runner = web.AppRunner(app, handle_signals=False)
+    from myna.server.app import AccessLogger
+
+    runner = web.AppRunner(app, handle_signals=False, access_log_class=AccessLogger)
     await runner.setup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal(sig: signal.Signals) -> None:
+        if stop.is_set():
+            print(f"myna: {sig.name} again: exiting now", file=sys.stderr, flush=True)
+            os._exit(128 + sig)
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal, sig)
     try:
         await web.TCPSite(runner, host, port).start()
         shown = f"[{host}]" if ":" in host else host
         print(f"myna {__version__}: loading {', '.join(worker.engines)} on http://{shown}:{port}/ ...", flush=True)
         t0 = time.monotonic()
         await worker.loading
-        print(f"myna: ready in {time.monotonic() - t0:.1f} s: open http://{shown}:{port}/ (Ctrl-C stops)", flush=True)
+        capacity = f", at most {worker.limits.max_sessions} sessions" if worker.limits.max_sessions else ""
+        print(f"myna: ready in {time.monotonic() - t0:.1f} s{capacity}: open http://{shown}:{port}/ (Ctrl-C stops)", flush=True)
         await stop.wait()
-        print("myna: shutting down", flush=True)
+        busy = sum(s.busy for s in worker.sessions())
+        print(f"myna: draining: {busy} session(s) speaking, up to {drain_timeout:g} s (a second signal exits now)", flush=True)
+        finished = await worker.drain(drain_timeout)
+        print("myna: shutting down" + ("" if finished else " (drain timed out)"), flush=True)
         return 0
     except OSError as exc:
         print(f"myna: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
@@ -289,6 +354,39 @@ def _ms(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.0f} ms"
 
 
+# -- token --------------------------------------------------------------------------------
+def _add_token(sub) -> None:
+    p = sub.add_parser("token", help="mint an access token for a worker that has keys",
+                       description="Print an access token (a LiveKit-style HS256 JWT) for a worker started with "
+                                   "--api-key/--api-secret. Clients send it as 'Authorization: Bearer TOKEN'.")
+    p.add_argument("--identity", required=True, help="who the token is for (owner of its sessions)")
+    p.add_argument("--ttl", default="1h", type=_duration, help="lifetime: 90s, 30m, 1h, 7d (default: %(default)s)")
+    p.add_argument("--engines", default=None, help="engines the token may use, comma-separated (default: any)")
+    p.add_argument("--max-sessions", type=int, default=None, help="sessions the identity may hold at once (default: the worker's cap)")
+    p.add_argument("--api-key", default=os.environ.get("MYNA_API_KEY"), help="API key (env MYNA_API_KEY)")
+    p.add_argument("--api-secret", default=os.environ.get("MYNA_API_SECRET"), help="API secret (env MYNA_API_SECRET)")
+    p.set_defaults(func=_token)
+
+
+def _duration(text: str) -> datetime.timedelta:
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 90s, 30m, 1h, 7d)")
+    unit = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
+    return datetime.timedelta(seconds=float(match.group(1)) * unit)
+
+
+def _token(args: argparse.Namespace) -> int:
+    from myna.server.auth import mint_token
+
+    if not (args.api_key and args.api_secret):
+        print("myna token: needs --api-key and --api-secret (or MYNA_API_KEY and MYNA_API_SECRET)", file=sys.stderr)
+        return 2
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()] if args.engines else None
+    print(mint_token(args.api_key, args.api_secret, args.identity, args.ttl, engines, args.max_sessions))
+    return 0
+
+
 # -- bench --------------------------------------------------------------------------------
 def _add_bench(sub) -> None:
     from myna.bench import add_parsers
@@ -297,9 +395,13 @@ def _add_bench(sub) -> None:
     add_parsers(p.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK"))
 
 
-def _add_global_options(parser: argparse.ArgumentParser, default) -> None:
-    parser.add_argument("--log-level", default=default, choices=["debug", "info", "warning", "error"],
-                        help="log verbosity (default: info)")
+def _add_global_options(parser: argparse.ArgumentParser, top: bool) -> None:
+    """``--log-level`` and ``--log-format``; on a sub-command they default to unset, so the
+    top-level value stands unless the option is given after the sub-command."""
+    parser.add_argument("--log-level", default="info" if top else argparse.SUPPRESS,
+                        choices=["debug", "info", "warning", "error"], help="log verbosity (default: info)")
+    parser.add_argument("--log-format", default="text" if top else argparse.SUPPRESS, choices=["text", "json"],
+                        help="log lines as text or as one JSON object each, for log shippers (default: text)")
 
 
 class _CommandParser(argparse.ArgumentParser):
@@ -308,19 +410,20 @@ class _CommandParser(argparse.ArgumentParser):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        _add_global_options(self, argparse.SUPPRESS)  # unset here: the top-level value stands
+        _add_global_options(self, top=False)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="myna", description="Myna: real-time speech for voice agents.")
     parser.add_argument("--version", action="version", version=f"myna {__version__}")
-    _add_global_options(parser, "info")
+    _add_global_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_CommandParser)
     _add_serve(sub)
     _add_say(sub)
+    _add_token(sub)
     _add_bench(sub)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _configure_logging(args.log_level, args.log_format)
     if args.log_level != "debug":
         logging.getLogger("aioice").setLevel(logging.WARNING)  # one INFO line per ICE check
     try:
@@ -331,6 +434,18 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"myna: {exc if isinstance(exc, MissingExtra) else MissingExtra(extra, exc.name)}", file=sys.stderr)
         return 1
+
+
+def _configure_logging(level: str, fmt: str) -> None:
+    handler = logging.StreamHandler()
+    if fmt == "json":
+        from pythonjsonlogger.json import JsonFormatter
+
+        handler.setFormatter(JsonFormatter("%(asctime)s %(levelname)s %(name)s %(message)s",
+                                           rename_fields={"asctime": "time", "levelname": "level", "name": "logger"}))
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level.upper(), handlers=[handler])
 
 
 if __name__ == "__main__":

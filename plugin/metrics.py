@@ -21,7 +21,11 @@ class Metrics:
         turns: turns started, by engine.
         server_ttfa: first text chunk received → first audible frame handed to the track (s).
         underruns: playout underruns (the queue ran dry mid-turn), by engine.
-        errors: ``error`` events and HTTP errors sent, by contract ``code``.
+        errors: ``error`` events and HTTP errors sent, by contract ``code`` (refusals too:
+            ``full``, ``rate_limited``, ``token_required``, ...).
+        events_dropped: events not sent, by reason (``too_large`` for the peer, ``send_failed``).
+        limit: the worker's limits, by name (``max_sessions``, ``offer_rate``, ...).
+        draining: 1 while draining.
     """
 
     content_type = CONTENT_TYPE_LATEST
@@ -41,6 +45,16 @@ class Metrics:
         )
         self.underruns = Counter("myna_underruns", "Playout underruns", ["engine"], registry=self.registry)
         self.errors = Counter("myna_errors", "Errors reported to clients", ["code"], registry=self.registry)
+        self.events_dropped = Counter("myna_events_dropped", "Events that could not be sent to a client",
+                                      ["reason"], registry=self.registry)
+        self.limit = Gauge("myna_limit", "Configured limits (myna serve flags)", ["name"], registry=self.registry)
+        self.draining = Gauge("myna_draining", "1 while the worker drains before exiting", registry=self.registry)
+
+    def set_limits(self, limits) -> None:
+        """Publish a :class:`myna.server.limits.Limits` (limits that are off are left out)."""
+        for name, value in vars(limits).items():
+            if value is not None:
+                self.limit.labels(name).set(value)
 
     def render(self) -> bytes:
         """The registry in the Prometheus text exposition format."""

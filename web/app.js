@@ -9,6 +9,7 @@ import { Lane, audioContext, SAMPLE_RATE } from "./lane.js";
 import { longSilences, placeGaps, LONG_SILENCE_MS } from "./gaps.js";
 import { summary, winnerOf, MIN_SAMPLES } from "./stats.js";
 import { tokenChunks } from "./tokens.js";
+import { askForToken, hasToken } from "./auth.js";
 
 const $ = (id) => document.getElementById(id);
 const ui = {
@@ -656,6 +657,7 @@ async function pollHealth() {
     const body = await res.json().catch(() => ({}));
     health.state = res.ok ? "ready" : "starting";
     health.engines = Array.isArray(body.engines) ? body.engines : [];
+    if (body.auth && !hasToken()) askForToken();
   } catch {
     health.state = "down";
   }

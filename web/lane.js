@@ -41,6 +41,7 @@
 // getSynchronizationSources() audioLevel rose, the range DESIGN.md §5 reports for an analyser.
 
 import { tokenChunks } from "./tokens.js";
+import { askForToken, authHeaders } from "./auth.js";
 
 export const SAMPLE_RATE = 48000;
 const GATHER_TIMEOUT_MS = 3000;
@@ -155,7 +156,7 @@ export class Lane extends EventTarget {
     try {
       res = await fetch(`${this.baseUrl}/api/offer`, {
         method: "POST",
-        headers: { "Content-Type": "application/json" },
+        headers: { "Content-Type": "application/json", ...authHeaders() },
         body: JSON.stringify({ sdp: pc.localDescription.sdp, type: "offer", request_data: requestData }),
       });
     } catch (err) {
@@ -166,6 +167,7 @@ export class Lane extends EventTarget {
     if (this.pc !== pc) return;
     if (!res.ok) {
       const error = body.error || { code: `http_${res.status}`, message: res.statusText };
+      if (res.status === 401 || res.status === 403) askForToken(error.message);
       if (error.code === "unknown_engine") {
         this.close(true);
         this._setState("engine-missing", error.message);

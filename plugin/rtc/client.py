@@ -133,11 +133,13 @@ class MynaClient:
         url: the worker's base URL, e.g. ``http://127.0.0.1:8080``.
         engine: ``request_data.engine`` (None: the worker's default).
         voice: ``request_data.voice``.
+        token: access token for a worker that has keys (sent as ``Authorization: Bearer``).
     """
 
     url: str
     engine: str | None = None
     voice: str | None = None
+    token: str | None = None
     pc: RTCPeerConnection = field(init=False)
     events: asyncio.Queue = field(init=False)
     ready: dict | None = field(init=False, default=None)
@@ -175,8 +177,9 @@ class MynaClient:
         await self.pc.setLocalDescription(await self.pc.createOffer())
         request_data = {k: v for k, v in (("engine", self.engine), ("voice", self.voice)) if v}
         body = {"sdp": self.pc.localDescription.sdp, "type": "offer", "request_data": request_data}
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
         async with aiohttp.ClientSession() as http:
-            async with http.post(f"{self.url}/api/offer", json=body) as resp:
+            async with http.post(f"{self.url}/api/offer", json=body, headers=headers) as resp:
                 answer = await resp.json()
                 if resp.status != 200:
                     raise RuntimeError(f"offer refused ({resp.status}): {answer}")

@@ -72,7 +72,9 @@ def server(tmp_path_factory):
     log_path = tmp_path_factory.mktemp("server") / "serve.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [*_myna_command(), "serve", "--host", "127.0.0.1", "--port", str(port)],
+            # Many lanes from one address on a busy machine: no per-client limits, a fixed session cap.
+            [*_myna_command(), "serve", "--host", "127.0.0.1", "--port", str(port), "--offer-rate", "0",
+             "--max-sessions-per-client", "0", "--max-sessions", "32"],
             stdout=log, stderr=subprocess.STDOUT,
         )
     url = f"http://127.0.0.1:{port}"
