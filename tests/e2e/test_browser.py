@@ -561,7 +561,7 @@ def test_a_server_restart_mid_race_leaves_no_lane_speaking(browser):
         pg.fill("#text", " ".join(["This sentence keeps going so that the server can stop under it."] * 4))
         pg.click("#race")
         pg.wait_for_function("() => window.myna.race && window.myna.race.landed.length === 1", timeout=30_000)
-        proc.terminate()
+        proc.kill()  # the server dies mid-turn (a SIGTERM would let the turn finish: graceful drain)
         proc.wait(timeout=15)
         pg.wait_for_function("() => !window.myna.race.running", timeout=20_000)
         assert pg.get_attribute(_lane("piper"), "data-state") not in ("speaking", "waiting")
@@ -577,7 +577,7 @@ def test_a_server_restart_mid_race_leaves_no_lane_speaking(browser):
         assert pg.get_attribute(_lane("piper"), "data-state") == "done"
     finally:
         pg.close()
-        proc.terminate()
+        proc.kill()
         proc.wait(timeout=15)
 
 
