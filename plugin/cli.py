@@ -1,4 +1,4 @@
-"""The ``myna`` command line: ``serve``, ``say`` and ``bench``."""
+"""The ``myna`` command line: ``serve``, ``say``, ``bench``, and ``room`` / ``worker`` (myna.room.cli)."""
 
 from __future__ import annotations
 
@@ -221,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     _add_serve(sub)
     _add_say(sub)
     _add_bench(sub)
+    from myna.room.cli import add_parsers as add_room_parsers  # `myna room`, `myna worker`
+
+    add_room_parsers(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.log_level != "debug":

@@ -29,6 +29,7 @@ if [ "$mode" = dev ]; then
     sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
     $sudo apt-get update -qq && $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
   fi
+  bash scripts/setup_livekit.sh   # livekit-server, Redis, livekit-client (LiveKit rooms)
 else
   echo "setup: installing myna"
   pip install -e .
