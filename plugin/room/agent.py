@@ -131,11 +131,12 @@ class RoomAgent:
         voice: voice name for the engine (None: its default).
         speak_for: identities allowed to speak through Myna (None: every participant).
         leave_when_empty: end once no participant other than agents is left.
+        attributes: extra participant attributes to publish beside ``myna.ready``.
     """
 
     def __init__(self, room: rtc.Room, engine: Engine, metrics: Metrics, engines: list[str] | None = None,
                  voice: str | None = None, speak_for: frozenset[str] | None = None,
-                 leave_when_empty: bool = False):
+                 leave_when_empty: bool = False, attributes: dict[str, str] | None = None):
         self.room = room
         self.engine = engine
         self.metrics = metrics
@@ -143,6 +144,7 @@ class RoomAgent:
         self.voice = voice
         self.speak_for = speak_for
         self.leave_when_empty = leave_when_empty
+        self.attributes = attributes or {}
         self.router: Router | None = None
         self.output: SourceOutput | None = None
         self.publication: rtc.LocalTrackPublication | None = None
@@ -179,7 +181,7 @@ class RoomAgent:
             track, rtc.TrackPublishOptions(source=rtc.TrackSource.SOURCE_MICROPHONE))
         self._captions = Captions(local, self.publication.sid)
         local.register_rpc_method(RPC_INTERRUPT, self._on_interrupt_rpc)
-        await local.set_attributes({READY_ATTRIBUTE: "true"})
+        await local.set_attributes({**self.attributes, READY_ATTRIBUTE: "true"})
         for participant in self.room.remote_participants.values():
             if participant.state == _ACTIVE:  # the others get it once active (participant_active)
                 self._send_ready(participant.identity)

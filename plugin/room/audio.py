@@ -34,7 +34,7 @@ from collections.abc import Callable
 import numpy as np
 from livekit import rtc
 
-from myna.audio.playout import FRAME_SAMPLES, IDLE_FRAME, SAMPLE_RATE, Playout
+from myna.audio.playout import FADE_SAMPLES, FRAME_SAMPLES, IDLE_FRAME, SAMPLE_RATE, Playout
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,9 @@ class SourceOutput:
         self._clock = clock
         self._wake = asyncio.Event()
         self.frames_sent = 0  # frames handed to the source
+        #: For each barge-in: ms of the interrupted turn still to be sent by the source (what
+        #: it held, plus the fade), i.e. how long after :meth:`interrupt` the turn stays audible.
+        self.interrupt_tails_ms: list[float] = []
         self._task = asyncio.get_running_loop().create_task(self._pace(), name="myna-room-pacer")
 
     # -- TurnOutput -------------------------------------------------------------------------
@@ -82,6 +85,8 @@ class SourceOutput:
 
     def interrupt(self) -> list[tuple[str, float, int]]:
         dropped = self.playout.interrupt()
+        if dropped and dropped[0][1] > 0:  # the playing turn had been heard: it ends after what is queued
+            self.interrupt_tails_ms.append(round(1000.0 * (self.source.queued_duration + FADE_SAMPLES / SAMPLE_RATE), 1))
         self._wake.set()  # the fade-out tail still goes out
         return dropped
 

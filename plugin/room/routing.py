@@ -133,6 +133,8 @@ class Router:
             return
         identity, turn_id = owner
         event = {**event, "turn_id": turn_id}
+        if "message" in event:  # the session names turns by its own ids
+            event["message"] = event["message"].replace(repr(sid), repr(turn_id))
         if event["type"] == "turn_started":
             self._live.add(sid)
         elif event["type"] == "turn_done":

@@ -37,6 +37,8 @@ from myna.room.bridge import BridgedEngine
 log = logging.getLogger(__name__)
 
 DEFAULT_AGENT_NAME = "myna"
+#: Participant attribute naming the worker that serves the room (its LiveKit worker id).
+WORKER_ATTRIBUTE = "myna.worker"
 
 
 @dataclass(eq=False)
@@ -71,7 +73,7 @@ class RoomWorker:
     async def entrypoint(self, ctx: JobContext) -> None:
         """One dispatched room (runs on the job's own thread and loop)."""
         agent = RoomAgent(ctx.room, self._bridged, self.metrics, voice=self.voice, speak_for=self.speak_for,
-                          leave_when_empty=True)
+                          leave_when_empty=True, attributes={WORKER_ATTRIBUTE: ctx.worker_id})
         agent.attach()
         await ctx.connect(auto_subscribe=AutoSubscribe.SUBSCRIBE_NONE)
         await agent.start()
@@ -94,7 +96,7 @@ def agent_server(worker: RoomWorker, url: str, key: str, secret: str, agent_name
         ws_url=url, api_key=key, api_secret=secret,
         job_executor_type=JobExecutorType.THREAD,
         load_fnc=worker.load, load_threshold=1.0,
-        num_idle_processes=1,
+        num_idle_processes=2,
         host="127.0.0.1", port=http_port, max_retry=max_retry,
     )
     server.rtc_session(worker.entrypoint, agent_name=agent_name)
