@@ -241,6 +241,14 @@ class LiveKitServer:
         self.stop()
         raise RuntimeError(f"livekit-server was not ready within {timeout:.0f} s:\n{self.log_tail()}")
 
+    @property
+    def node_id(self) -> str | None:
+        """The node's id (``ND_…``, from its start-up log line; None before it started)."""
+        text = self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
+        marker = '"nodeID": "'
+        at = text.find(marker)
+        return text[at + len(marker):].split('"', 1)[0] if at >= 0 else None
+
     def log_tail(self, chars: int = 3000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:] if self.log_path and self.log_path.exists() else ""
 
