@@ -74,6 +74,8 @@ def _add_serve(sub) -> None:
     p.add_argument("--ice-loopback", action="store_true", help="offer 127.0.0.1 as an ICE candidate even when binding elsewhere")
     p.add_argument("--peer-timeout", type=float, default=10.0, help="seconds to detect a peer that stopped answering (default: %(default)s)")
     p.add_argument("--connect-timeout", type=float, default=30.0, help="seconds a new peer may take to connect (default: %(default)s)")
+    p.add_argument("--livekit-url", metavar="WS_URL", help="add the page's \"via LiveKit room\" lane through this LiveKit "
+                                                           "server (LIVEKIT_API_KEY and LIVEKIT_API_SECRET from the environment)")
     _add_dsm_options(p)
     p.set_defaults(func=_serve)
 
@@ -81,12 +83,15 @@ def _add_serve(sub) -> None:
 def _serve(args: argparse.Namespace) -> int:
     from myna.rtc.ice import enable_loopback_candidates, is_loopback_host, set_peer_timeout
     from myna.server.app import Worker, create_app
+    from myna.server.room_lane import add_room_lane
 
     if args.ice_loopback or is_loopback_host(args.host):
         enable_loopback_candidates()
     set_peer_timeout(args.peer_timeout)
     worker = Worker(engines=_engines(args.engine, _dsm_options(args)), ice_servers=args.ice_server, connect_timeout=args.connect_timeout)
-    return asyncio.run(_run_server(create_app(worker), worker, args.host, args.port))
+    app = create_app(worker)
+    add_room_lane(app, worker, args.livekit_url)  # POST /api/room, GET /vendor/livekit-client.mjs
+    return asyncio.run(_run_server(app, worker, args.host, args.port))
 
 
 async def _run_server(app, worker, host: str, port: int) -> int:

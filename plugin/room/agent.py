@@ -251,7 +251,11 @@ class RoomAgent:
             self.router.message(identity, {"type": "end_turn", "turn_id": turn_id})
 
     def _on_data(self, packet: rtc.DataPacket) -> None:
-        if self.router is None or self._closed or packet.participant is None:
+        if self.router is None or self._closed:
+            return
+        if packet.participant is None:  # the server, or a sender the room has not announced yet
+            log.warning("ignored a data packet on topic %r from a sender not (yet) in the room: senders "
+                        "should wait for Myna's ready event", packet.topic)
             return
         identity = packet.participant.identity
         if packet.topic == TOPIC_MESSAGES:
@@ -278,7 +282,7 @@ class RoomAgent:
         if self.router is not None and not self._closed:
             self.router.participant_left(participant.identity)
             self._greeted.discard(participant.identity)
-            if self.leave_when_empty and not self._others():
+            if self.leave_when_empty and not self.others():
                 log.info("room %r has no one left to speak to", self.room.name)
                 self._done.set()
 
@@ -287,7 +291,7 @@ class RoomAgent:
         log.info("room %r disconnected: %s", self.room.name, rtc.DisconnectReason.Name(reason))
         self._done.set()
 
-    def _others(self) -> list[rtc.RemoteParticipant]:
+    def others(self) -> list[rtc.RemoteParticipant]:
         """Participants other than agents (Myna instances included)."""
         return [p for p in self.room.remote_participants.values() if p.kind != rtc.ParticipantKind.PARTICIPANT_KIND_AGENT]
 
