@@ -82,7 +82,7 @@ class RoomClient:
     async def __aexit__(self, *exc) -> None:
         await self.close()
 
-    async def connect(self, timeout: float = 20.0) -> None:
+    async def connect(self, timeout: float = 30.0) -> None:
         """Join, then wait until Myna is present, its track subscribed, and its ``ready`` event here.
 
         Raises:

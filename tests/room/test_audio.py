@@ -27,7 +27,7 @@ async def test_silence_is_not_queued_ahead_of_speech_and_speech_is_paced_by_the_
         # The source accepts up to its queue at once and then paces to real time: never far ahead.
         assert out.source.queued_duration <= 2 * QUEUE_MS / 1000 + 0.005
         assert [e["type"] for e in events][:1] == ["first_audio"]
-        for _ in range(100):
+        for _ in range(400):  # (a loaded machine may be slow; nothing here asserts speed)
             if events[-1]["type"] == "turn_done":
                 break
             await asyncio.sleep(0.05)

@@ -96,7 +96,7 @@ async def test_a_busy_worker_is_skipped_and_a_stopped_worker_leaves_the_other_se
         await busy.start_turn(" ".join(SENTENCES * 4), tokens_per_s=None)
         await busy.next_event("first_audio")
         await wait_until(lambda: ws[busy_worker].load() == 1.0)
-        await asyncio.sleep(3.0)  # workers report their status every 2.5 s
+        await asyncio.sleep(4.0)  # workers report their status every 2.5 s
         other = ids[1 - busy_worker]
         for _ in range(3):  # random 50/50 without load steering: 1 in 8 to pass by chance
             room = room_name()
@@ -108,7 +108,7 @@ async def test_a_busy_worker_is_skipped_and_a_stopped_worker_leaves_the_other_se
     remaining = ws[1 - busy_worker]
     for entry in livekit_cluster:
         await wait_until(lambda: remaining.load() == 0.0)
-        await asyncio.sleep(3.0)  # its status (not full) has reached the server
+        await asyncio.sleep(4.0)  # its status (not full) has reached the server
         room = room_name()
         async with RoomClient(entry.url, token(room, "carol", agent_dispatch=AGENT)) as client:
             assert client.myna().attributes["myna.worker"] == other
