@@ -93,27 +93,33 @@ class SourceOutput:
     # -- the pacer --------------------------------------------------------------------------
     async def _pace(self) -> None:
         deadline = None  # next 20 ms slot while holding silence back (clock s)
-        try:
-            while True:
-                frame = self.playout.next_frame()
-                if frame is IDLE_FRAME:  # nothing queued: sleep until a turn begins
-                    self._wake.clear()
-                    await self._wake.wait()
-                    deadline = None
-                    continue
-                if self.source.queued_duration <= 0.0 and not frame.any():
-                    # Pre-roll (or a starved turn) with nothing buffered: hold the silence back.
-                    now = self._clock()
-                    deadline = now + FRAME_S if deadline is None or deadline < now - FRAME_S else deadline + FRAME_S
-                    await asyncio.sleep(max(0.0, deadline - now))
-                    continue
+        failures = 0  # captures failed in a row
+        while True:
+            frame = self.playout.next_frame()
+            if frame is IDLE_FRAME:  # nothing queued: sleep until a turn begins
+                self._wake.clear()
+                await self._wake.wait()
                 deadline = None
+                continue
+            if self.source.queued_duration <= 0.0 and not frame.any():
+                # Pre-roll (or a starved turn) with nothing buffered: hold the silence back.
+                now = self._clock()
+                deadline = now + FRAME_S if deadline is None or deadline < now - FRAME_S else deadline + FRAME_S
+                await asyncio.sleep(max(0.0, deadline - now))
+                continue
+            deadline = None
+            try:
                 await self.source.capture_frame(rtc.AudioFrame(frame.tobytes(), SAMPLE_RATE, 1, FRAME_SAMPLES))
-                self.frames_sent += 1
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # the source is gone (room closed): the session ends elsewhere
-            log.exception("room audio stopped")
+            except Exception as exc:  # the SDK refused this frame: lose 20 ms, keep the track going
+                if not failures:
+                    log.warning("room audio: a frame could not be captured: %s", exc)
+                failures += 1
+                await asyncio.sleep(FRAME_S)
+                continue
+            if failures:
+                log.warning("room audio: %d frame(s) lost", failures)
+                failures = 0
+            self.frames_sent += 1
 
     async def aclose(self) -> None:
         """Stop the pacer and release the source (idempotent)."""
