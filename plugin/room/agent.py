@@ -149,6 +149,7 @@ class RoomAgent:
         self.output: SourceOutput | None = None
         self.publication: rtc.LocalTrackPublication | None = None
         self.disconnect_reason: int | None = None  # an rtc.DisconnectReason once the room is gone
+        self._source: rtc.AudioSource | None = None
         self._outbox: Outbox | None = None
         self._captions: Captions | None = None
         self._readers: set[asyncio.Task] = set()
@@ -158,7 +159,16 @@ class RoomAgent:
 
     # -- lifetime ---------------------------------------------------------------------------
     def attach(self) -> None:
-        """Register the room handlers; call before ``room.connect``."""
+        """Set up the session and register the room handlers; call before ``room.connect``
+        (a stream may arrive as soon as the room is joined)."""
+        self._source = new_source()
+        self._outbox = Outbox()
+
+        def session(send: Callable[[dict], None]) -> Session:
+            return Session(engine=self.engine, send=send, metrics=self.metrics, voice=self.voice,
+                           output=lambda sink: self._new_output(sink, self._source))
+
+        self.router = Router(session, self._deliver, self.speak_for)
         self.room.register_text_stream_handler(TOPIC_TEXT, self._on_text_stream)
         self.room.on("data_received", self._on_data)
         self.room.on("participant_active", self._on_participant_active)
@@ -168,15 +178,7 @@ class RoomAgent:
     async def start(self) -> None:
         """Publish the track and start listening; call once the room is connected."""
         local = self.room.local_participant
-        source = new_source()
-        track = rtc.LocalAudioTrack.create_audio_track(TRACK_NAME, source)
-        self._outbox = Outbox()
-
-        def session(send: Callable[[dict], None]) -> Session:
-            return Session(engine=self.engine, send=send, metrics=self.metrics, voice=self.voice,
-                           output=lambda sink: self._new_output(sink, source))
-
-        self.router = Router(session, self._deliver, self.speak_for)
+        track = rtc.LocalAudioTrack.create_audio_track(TRACK_NAME, self._source)
         self.publication = await local.publish_track(
             track, rtc.TrackPublishOptions(source=rtc.TrackSource.SOURCE_MICROPHONE))
         self._captions = Captions(local, self.publication.sid)
@@ -229,7 +231,8 @@ class RoomAgent:
 
     # -- in -----------------------------------------------------------------------------------
     def _on_text_stream(self, reader: rtc.TextStreamReader, identity: str) -> None:
-        if self.router is None or self._closed:
+        if self._closed:
+            reader.close()
             return
         task = asyncio.get_running_loop().create_task(self._read_turn(reader, identity))
         self._readers.add(task)
@@ -251,7 +254,7 @@ class RoomAgent:
             self.router.message(identity, {"type": "end_turn", "turn_id": turn_id})
 
     def _on_data(self, packet: rtc.DataPacket) -> None:
-        if self.router is None or self._closed:
+        if self._closed:
             return
         if packet.participant is None:  # the server, or a sender the room has not announced yet
             log.warning("ignored a data packet on topic %r from a sender not (yet) in the room: senders "
@@ -275,11 +278,11 @@ class RoomAgent:
 
     def _on_participant_active(self, participant: rtc.RemoteParticipant) -> None:
         # Active = ready to receive data (a packet sent on join may arrive after later ones).
-        if self.router is not None and not self._closed:
+        if not self._closed:
             self._send_ready(participant.identity)
 
     def _on_participant_disconnected(self, participant: rtc.RemoteParticipant) -> None:
-        if self.router is not None and not self._closed:
+        if not self._closed:
             self.router.participant_left(participant.identity)
             self._greeted.discard(participant.identity)
             if self.leave_when_empty and not self.others():
@@ -310,10 +313,11 @@ class RoomAgent:
             if event["type"] != "ready":
                 self._deliver(identity, self.router.session.ready_event(self.engines))
         payload = json.dumps(event)
-        local = self.room.local_participant
-        self._outbox.put(lambda: local.publish_data(payload, reliable=True, destination_identities=[identity],
-                                                    topic=TOPIC_EVENTS))
+        self._outbox.put(lambda: self.room.local_participant.publish_data(
+            payload, reliable=True, destination_identities=[identity], topic=TOPIC_EVENTS))
         key = f"{identity}\n{event.get('turn_id')}"
+        if self._captions is None:  # (before start: nothing has been heard yet)
+            return
         if event["type"] == "word":
             self._outbox.put(lambda: self._captions.word(key, event["turn_id"], event["word"]))
         elif event["type"] == "turn_done":
