@@ -67,6 +67,9 @@ class SourceOutput:
         #: For each barge-in: ms of the interrupted turn still to be sent by the source (what
         #: it held, plus the fade), i.e. how long after :meth:`interrupt` the turn stays audible.
         self.interrupt_tails_ms: list[float] = []
+        #: Times the source ran dry between two frames of audio (it filled the gap with silence:
+        #: the event loop was too late for the 20–40 ms the source holds).
+        self.source_gaps = 0
         self._task = asyncio.get_running_loop().create_task(self._pace(), name="myna-room-pacer")
 
     # -- TurnOutput -------------------------------------------------------------------------
@@ -94,20 +97,25 @@ class SourceOutput:
     async def _pace(self) -> None:
         deadline = None  # next 20 ms slot while holding silence back (clock s)
         failures = 0  # captures failed in a row
+        flowing = False  # the previous frame went to the source and nothing was held back since
         while True:
             frame = self.playout.next_frame()
             if frame is IDLE_FRAME:  # nothing queued: sleep until a turn begins
+                flowing = False
                 self._wake.clear()
                 await self._wake.wait()
                 deadline = None
                 continue
             if self.source.queued_duration <= 0.0 and not frame.any():
                 # Pre-roll (or a starved turn) with nothing buffered: hold the silence back.
+                flowing = False
                 now = self._clock()
                 deadline = now + FRAME_S if deadline is None or deadline < now - FRAME_S else deadline + FRAME_S
                 await asyncio.sleep(max(0.0, deadline - now))
                 continue
             deadline = None
+            if flowing and self.source.queued_duration <= 0.0:
+                self.source_gaps += 1
             try:
                 await self.source.capture_frame(rtc.AudioFrame(frame.tobytes(), SAMPLE_RATE, 1, FRAME_SAMPLES))
             except Exception as exc:  # the SDK refused this frame: lose 20 ms, keep the track going
@@ -119,6 +127,7 @@ class SourceOutput:
             if failures:
                 log.warning("room audio: %d frame(s) lost", failures)
                 failures = 0
+            flowing = True
             self.frames_sent += 1
 
     async def aclose(self) -> None:

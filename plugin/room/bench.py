@@ -185,6 +185,8 @@ async def _cpu(host: "_Host", node, path: str, sessions: int, window: float) -> 
            "sessions_per_core": round(speaking / process, 1) if process > 0 else None,
            "send_sessions_per_core": round(speaking / (process - synthesis), 1) if process > synthesis else None,
            "turns_ended_in_window": len(done)}
+    if path == "room":  # the source ran dry mid-speech (a gap filled with silence)
+        row["source_gaps"] = after["room_source_gaps"] - before["room_source_gaps"]
     _progress(f"cpu {path}: {row}")
     return row
 
@@ -271,10 +273,12 @@ def serve_both(argv: list[str] | None = None) -> int:
         state = {"registered": False}
 
         async def cpu(request: web.Request) -> web.Response:
-            tails = [ms for agent in list(rooms.agents) if agent.output for ms in agent.output.interrupt_tails_ms]
+            outputs = [agent.output for agent in list(rooms.agents) if agent.output]
+            tails = [ms for output in outputs for ms in output.interrupt_tails_ms]
             return web.json_response({"registered": state["registered"] and worker.ready, "at": time.monotonic(),
                                       "process_s": time.process_time(), "synthesis_s": _threads_cpu("piper"),
-                                      "room_interrupt_tails_ms": tails})
+                                      "room_interrupt_tails_ms": tails,
+                                      "room_source_gaps": sum(output.source_gaps for output in outputs)})
 
         app.router.add_get("/bench/cpu", cpu)
         rooms = RoomWorker(engine, capacity=64, metrics=worker.metrics)
