@@ -6,9 +6,9 @@
 // also works); ?voice=NAME asks every lane for that voice.
 
 import { Lane, audioContext, SAMPLE_RATE } from "./lane.js";
-import { ROOM_LANE, ROOM_LANE_INFO, RoomLane, roomLaneAvailable } from "./room-lane.js";
 import { summary } from "./stats.js";
 import { tokenChunks } from "./tokens.js";
+import { ROOM_LANE, ROOM_LANE_INFO, RoomLane, roomLaneAvailable } from "./room-lane.js";
 
 const $ = (id) => document.getElementById(id);
 const ui = {
