@@ -111,6 +111,9 @@ def add_room_lane(app: web.Application, worker, url: str | None) -> None:
     """
     lanes = None
     if url:
+        from myna.room.cli import require_livekit
+
+        require_livekit("myna serve --livekit-url")
         key, secret = os.environ.get("LIVEKIT_API_KEY"), os.environ.get("LIVEKIT_API_SECRET")
         if not key or not secret:
             raise SystemExit("myna serve --livekit-url: set LIVEKIT_API_KEY and LIVEKIT_API_SECRET")

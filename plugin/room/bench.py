@@ -51,8 +51,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``myna bench ttfa --transport livekit``."""
+    from myna.room.cli import require_livekit
     from myna.room.localserver import find_livekit_server, missing_livekit_server
 
+    require_livekit("bench ttfa --transport livekit")
     if find_livekit_server() is None:
         raise SystemExit(f"bench ttfa --transport livekit: {missing_livekit_server()}")
     engine = args.engines.split(",")[0].strip()

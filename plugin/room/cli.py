@@ -53,6 +53,20 @@ def _add_common(p) -> None:
                    help="only these participants may speak through Myna (default: everyone)")
 
 
+def require_livekit(what: str) -> None:
+    """Exit with one line when the ``livekit`` extra is missing (``what`` needs it).
+
+    Raises:
+        SystemExit: ``livekit`` or ``livekit-agents`` cannot be imported.
+    """
+    try:
+        import livekit.agents  # noqa: F401
+        import livekit.rtc  # noqa: F401
+    except ImportError as exc:
+        raise SystemExit(f"myna: {what} needs the livekit extra ({exc.name} is missing): "
+                         f"bash scripts/setup.sh livekit, or pip install -e '.[livekit]'") from None
+
+
 def _credentials() -> tuple[str, str]:
     key, secret = os.environ.get("LIVEKIT_API_KEY"), os.environ.get("LIVEKIT_API_SECRET")
     if not key or not secret:
@@ -78,6 +92,7 @@ def _on_signals(stop) -> None:
 
 # -- room ---------------------------------------------------------------------------------
 def _room(args: argparse.Namespace) -> int:
+    require_livekit("myna room")
     return asyncio.run(_run_room(args))
 
 
@@ -118,6 +133,7 @@ async def _run_room(args: argparse.Namespace) -> int:
 
 # -- worker -------------------------------------------------------------------------------
 def _worker(args: argparse.Namespace) -> int:
+    require_livekit("myna worker")
     return asyncio.run(_run_worker(args))
 
 

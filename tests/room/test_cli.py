@@ -137,3 +137,14 @@ async def test_myna_worker_reconnects_after_the_server_dies_mid_turn(tmp_path):
     finally:
         worker.stop()
         node.stop()
+
+
+async def test_without_the_livekit_extra_the_commands_say_what_to_install():
+    """No server needed: the commands stop at once with one line."""
+    code = ("import sys; sys.modules['livekit.agents'] = None; from myna.cli import main; "
+            "sys.exit(main(['room', '--url', 'ws://127.0.0.1:1', '--room', 'r']))")
+    done = await asyncio.to_thread(subprocess.run, [sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == (
+        "myna: myna room needs the livekit extra (livekit.agents is missing): "
+        "bash scripts/setup.sh livekit, or pip install -e '.[livekit]'")
