@@ -1,4 +1,4 @@
-"""The ``myna`` command line: ``serve``, ``say``, ``bench``, and ``room`` / ``worker`` (myna.room.cli)."""
+"""The ``myna`` command line: ``serve``, ``say`` and ``bench``."""
 
 from __future__ import annotations
 
