@@ -74,16 +74,16 @@ def _add_serve(sub) -> None:
     p.add_argument("--ice-loopback", action="store_true", help="offer 127.0.0.1 as an ICE candidate even when binding elsewhere")
     p.add_argument("--peer-timeout", type=float, default=10.0, help="seconds to detect a peer that stopped answering (default: %(default)s)")
     p.add_argument("--connect-timeout", type=float, default=30.0, help="seconds a new peer may take to connect (default: %(default)s)")
+    _add_dsm_options(p)
     p.add_argument("--livekit-url", metavar="WS_URL", help="add the page's \"via LiveKit room\" lane through this LiveKit "
                                                            "server (LIVEKIT_API_KEY and LIVEKIT_API_SECRET from the environment)")
-    _add_dsm_options(p)
     p.set_defaults(func=_serve)
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from myna.server.room_lane import add_room_lane
     from myna.rtc.ice import enable_loopback_candidates, is_loopback_host, set_peer_timeout
     from myna.server.app import Worker, create_app
-    from myna.server.room_lane import add_room_lane
 
     if args.ice_loopback or is_loopback_host(args.host):
         enable_loopback_candidates()
