@@ -5,10 +5,10 @@
 // URL parameters: ?lanes=piper,piper-whole picks the lanes in the race (?engine=NAME, one lane,
 // also works); ?voice=NAME asks every lane for that voice.
 
+import { ROOM_LANE, ROOM_LANE_INFO, RoomLane, roomLaneAvailable } from "./room-lane.js";
 import { Lane, audioContext, SAMPLE_RATE } from "./lane.js";
 import { summary } from "./stats.js";
 import { tokenChunks } from "./tokens.js";
-import { ROOM_LANE, ROOM_LANE_INFO, RoomLane, roomLaneAvailable } from "./room-lane.js";
 
 const $ = (id) => document.getElementById(id);
 const ui = {
