@@ -8,20 +8,14 @@ missing they skip and say what to install. Media uses a veth pair inside the tes
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import shutil
-import uuid
 
 import pytest
 import pytest_asyncio
 
-from pathlib import Path
-
-from myna.room.localserver import (DEV_KEY, DEV_SECRET, LiveKitServer, RedisServer, find_livekit_server,
-                                   isolated_namespace, media_address, missing_livekit_server)
-
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+from myna.room.localserver import (LiveKitServer, RedisServer, find_livekit_server, isolated_namespace, media_address,
+                                   missing_livekit_server)
+from tests.room.support import ARTIFACTS
 
 
 def _require_server() -> None:
@@ -71,36 +65,3 @@ async def engine():
     await e.start()
     yield e
     await e.close()
-
-
-def room_name() -> str:
-    return f"room-{uuid.uuid4().hex[:8]}"
-
-
-def token(room: str, identity: str, **kw) -> str:
-    from myna.room.client import participant_token
-
-    return participant_token(DEV_KEY, DEV_SECRET, room, identity, **kw)
-
-
-@contextlib.asynccontextmanager
-async def myna_in_room(node: LiveKitServer, room: str, engine, identity: str = "myna", ttl_s: float | None = None, **kw):
-    """Myna (in this process, on this loop) joined to ``room`` with a token valid ``ttl_s``
-    seconds (None: 6 h); yields its RoomAgent (keyword arguments go to it)."""
-    from livekit import rtc
-
-    from myna.metrics import Metrics
-    from myna.room.agent import RoomAgent
-    from myna.room.client import participant_token
-
-    lk_room = rtc.Room()
-    agent = RoomAgent(lk_room, engine, Metrics(), **kw)
-    agent.attach()
-    await lk_room.connect(node.url, participant_token(DEV_KEY, DEV_SECRET, room, identity, ttl_s=ttl_s))
-    await agent.start()
-    task = asyncio.get_running_loop().create_task(agent.run())
-    try:
-        yield agent
-    finally:
-        agent.stop()
-        await task

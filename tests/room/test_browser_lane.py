@@ -20,7 +20,7 @@ import pytest
 from myna.room.localserver import DEV_KEY, DEV_SECRET, free_port
 from myna.server.room_lane import client_bundle
 from tests.e2e.test_browser import CHROMIUM, CHROMIUM_ARGS, Console, _connected, _fresh, _lane, _number, _race_done
-from tests.room.conftest import ARTIFACTS
+from tests.room.support import ARTIFACTS
 
 sync_api = pytest.importorskip("playwright.sync_api")
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -15,50 +13,9 @@ from livekit import api
 from myna.room.client import RoomClient
 from myna.room.localserver import DEV_KEY, DEV_SECRET, LiveKitServer, media_address
 from tests.e2e.test_serve import SENTENCES
-from tests.room.conftest import ARTIFACTS, room_name, token
+from tests.room.support import Myna, room_name, token
 
 pytestmark = [pytest.mark.network, pytest.mark.asyncio(loop_scope="module")]
-
-
-class Myna:
-    """A ``myna room`` or ``myna worker`` subprocess with the dev credentials; output in a log."""
-
-    def __init__(self, *args: str, env: dict | None = None):
-        ARTIFACTS.mkdir(exist_ok=True)
-        self.log_path = ARTIFACTS / f"myna-{args[0]}-{os.getpid()}-{time.monotonic_ns()}.log"
-        self._log = open(self.log_path, "wb")
-        environment = {**os.environ, "PYTHONUNBUFFERED": "1", "LIVEKIT_API_KEY": DEV_KEY, "LIVEKIT_API_SECRET": DEV_SECRET}
-        self.proc = subprocess.Popen([sys.executable, "-m", "myna.cli", *args], stdout=self._log, stderr=subprocess.STDOUT,
-                                     env={**environment, **(env or {})})
-
-    def output(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    async def wait_for(self, text: str, count: int = 1, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while self.output().count(text) < count:
-            assert self.proc.poll() is None or self.output().count(text) >= count, self.output()[-3000:]
-            assert time.monotonic() < deadline, f"no {text!r} in:\n{self.output()[-3000:]}"
-            await asyncio.sleep(0.1)
-
-    async def exit_code(self, timeout: float = 30.0) -> int:
-        deadline = time.monotonic() + timeout
-        while self.proc.poll() is None:
-            assert time.monotonic() < deadline, self.output()[-3000:]
-            await asyncio.sleep(0.1)
-        self._log.close()
-        return self.proc.returncode
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-        return self.proc.returncode
 
 
 async def participants(node, room: str) -> list[str]:

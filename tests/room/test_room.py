@@ -23,7 +23,7 @@ from myna.audio.onset import first_audible_sample
 from myna.room.client import RoomClient
 from myna.room.localserver import DEV_KEY, DEV_SECRET
 from tests.e2e.test_serve import SENTENCES, _words, transcribe
-from tests.room.conftest import ARTIFACTS, myna_in_room, room_name, token
+from tests.room.support import ARTIFACTS, myna_in_room, room_name, token
 
 pytestmark = [pytest.mark.network, pytest.mark.asyncio(loop_scope="module")]
 

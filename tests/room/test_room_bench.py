@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.room.conftest import ARTIFACTS
+from tests.room.support import ARTIFACTS
 
 pytestmark = pytest.mark.network
 

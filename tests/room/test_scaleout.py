@@ -18,8 +18,7 @@ import pytest_asyncio
 from myna.room.client import RoomClient
 from myna.room.localserver import free_port
 from tests.e2e.test_serve import SENTENCES
-from tests.room.conftest import room_name, token
-from tests.room.test_cli import Myna
+from tests.room.support import Myna, room_name, token
 
 pytestmark = [pytest.mark.network, pytest.mark.asyncio(loop_scope="module")]
 
