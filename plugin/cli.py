@@ -83,6 +83,8 @@ def _add_serve(sub) -> None:
     p.add_argument("--connect-timeout", type=float, default=30.0, help="seconds a new peer may take to connect (default: %(default)s)")
     _add_access_options(p)
     _add_dsm_options(p)
+    p.add_argument("--livekit-url", metavar="WS_URL", help="add the page's \"via LiveKit room\" lane through this LiveKit "
+                                                           "server (LIVEKIT_API_KEY and LIVEKIT_API_SECRET from the environment)")
     p.set_defaults(func=_serve)
 
 
@@ -134,6 +136,7 @@ def _limits(args: argparse.Namespace):
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from myna.server.room_lane import add_room_lane
     from myna.rtc.ice import enable_loopback_candidates, is_loopback_host, set_peer_timeout
     from myna.server.app import Worker, create_app
     from myna.server.auth import Authenticator
@@ -150,7 +153,9 @@ def _serve(args: argparse.Namespace) -> int:
     worker = Worker(engines=_engines(args.engine, _dsm_options(args)), ice_servers=args.ice_server,
                     connect_timeout=args.connect_timeout, limits=_limits(args),
                     auth=Authenticator(*keys) if all(keys) else None, measure_capacity=args.max_sessions is None)
-    return asyncio.run(_run_server(create_app(worker), worker, args.host, args.port, drain_timeout=args.drain_timeout))
+    app = create_app(worker)
+    add_room_lane(app, worker, args.livekit_url)  # POST /api/room, GET /vendor/livekit-client.mjs
+    return asyncio.run(_run_server(app, worker, args.host, args.port, drain_timeout=args.drain_timeout))
 
 
 async def _run_server(app, worker, host: str, port: int, drain_timeout: float = 0.0) -> int:
@@ -422,6 +427,9 @@ def main(argv: list[str] | None = None) -> int:
     _add_say(sub)
     _add_token(sub)
     _add_bench(sub)
+    from myna.room.cli import add_parsers as add_room_parsers  # `myna room`, `myna worker`
+
+    add_room_parsers(sub)
     args = parser.parse_args(argv)
     _configure_logging(args.log_level, args.log_format)
     if args.log_level != "debug":

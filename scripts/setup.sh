@@ -33,6 +33,7 @@ if [ "$mode" = dev ]; then
   pip install -e ".[dev,dsm,pipecat,livekit]"
   # The DSM reference implementation is a test oracle only: no dependencies of its own pins.
   pip install --no-deps "moshi==0.2.13"   # its imports (einops, sphn, huggingface-hub) are dev extras
+  bash scripts/setup_livekit.sh   # livekit-server, Redis, livekit-client (LiveKit rooms)
   missing=()
   command -v chromium >/dev/null || missing+=(chromium)    # browser tests
   command -v ip >/dev/null || missing+=(iproute2)          # the loopback-only test namespace

@@ -5,6 +5,7 @@
 // URL parameters: ?lanes=piper,piper-whole picks the lanes in the race (?engine=NAME, one lane,
 // also works); ?voice=NAME asks every lane for that voice.
 
+import { ROOM_LANE, ROOM_LANE_INFO, RoomLane, roomLaneAvailable } from "./room-lane.js";
 import { Lane, audioContext, SAMPLE_RATE } from "./lane.js";
 import { longSilences, placeGaps, LONG_SILENCE_MS } from "./gaps.js";
 import { summary, winnerOf, MIN_SAMPLES } from "./stats.js";
@@ -72,6 +73,7 @@ const requested = (params.get("lanes") || params.get("engine") || "")
   .filter(Boolean);
 
 const health = { state: "checking", engines: [] };
+let roomLane = false; // the worker offers the "via LiveKit room" lane (room-lane.js)
 /** @type {Map<string, object>} name → lane entry (see addLane) */
 const entries = new Map();
 let race = null; // the race in progress (or the last one)
@@ -81,7 +83,7 @@ let history = loadHistory();
 // -- lanes ---------------------------------------------------------------------------------
 function addLane(name) {
   if (entries.has(name)) return entries.get(name);
-  const info = KNOWN[name] || { title: name, desc: "engine", color: FALLBACK_COLORS[entries.size % FALLBACK_COLORS.length] };
+  const info = KNOWN[name] || (name === ROOM_LANE && ROOM_LANE_INFO) || { title: name, desc: "engine", color: FALLBACK_COLORS[entries.size % FALLBACK_COLORS.length] };
   const li = ui.template.content.firstElementChild.cloneNode(true);
   li.dataset.lane = name;
   li.style.setProperty("--lane", info.color);
@@ -111,7 +113,7 @@ function addLane(name) {
       captions: li.querySelector(".captions"),
     },
     enabled: requested.length ? requested.includes(name) : true,
-    lane: new Lane({ engine: name, voice, label: name, muted: true }),
+    lane: name === ROOM_LANE ? new RoomLane({ voice, label: name, muted: true }) : new Lane({ engine: name, voice, label: name, muted: true }),
     available: null, // true / false once the worker's engine list is known
     lastConnect: -Infinity,
     turn: null, // this lane's turn in the current race
@@ -664,7 +666,7 @@ async function pollHealth() {
   for (const name of health.engines) addLane(name);
   if (health.state === "down") abandonRace();
   for (const entry of entries.values()) {
-    if (health.engines.length) entry.available = health.engines.includes(entry.name);
+    if (health.engines.length) entry.available = entry.name === ROOM_LANE ? roomLane : health.engines.includes(entry.name);
     if (health.state === "down") {
       if (entry.lane.state === "connected" || entry.lane.state === "connecting") {
         entry.lane.close(true);
@@ -861,6 +863,10 @@ for (const name of requested) addLane(name);
 if (!requested.length) for (const name of Object.keys(KNOWN)) addLane(name);
 renderHistory();
 renderControls();
+roomLaneAvailable().then((ok) => {
+  roomLane = ok;
+  if (ok && (!requested.length || requested.includes(ROOM_LANE))) addLane(ROOM_LANE);
+});
 pollHealth();
 setInterval(pollHealth, HEALTH_EVERY_MS);
 requestAnimationFrame(frame);

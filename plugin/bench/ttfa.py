@@ -54,10 +54,19 @@ def add_parser(subparsers) -> None:
                    help="whole-reply syntheses for the non-streaming baseline, 0 to skip (default: %(default)s)")
     p.add_argument("--json", metavar="OUT", help="write the figures as JSON")
     p.add_argument("--plot", metavar="OUT.png", help="plot TTFA and RTF against concurrency (needs matplotlib)")
+    p.add_argument("--transport", choices=["webrtc", "livekit"], default="webrtc",
+                   help="livekit: through a LiveKit room beside the direct path, same run (myna.room.bench)")
+    from myna.room.bench import add_arguments as add_livekit_arguments
+
+    add_livekit_arguments(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.transport == "livekit":
+        from myna.room import bench
+
+        return bench.run(args)
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     levels = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
     if not engines or not levels or min(levels) < 1 or args.turns < 1:

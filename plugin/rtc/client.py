@@ -239,7 +239,7 @@ class MynaClient:
             sender.cancel()
         await asyncio.sleep(0.1)  # the last frames are in flight when turn_done is sent
         frames = self.frames[start:]
-        return _measure(turn_id, events, frames, t0)
+        return measure_turn(turn_id, events, frames, t0)
 
     async def _send_chunks(self, turn_id: str, text: str, tokens_per_s: float | None) -> None:
         t0 = time.monotonic()
@@ -256,7 +256,14 @@ class MynaClient:
             self._recorder.cancel()
 
 
-def _measure(turn_id: str, events: list[dict], frames: list[tuple[float, np.ndarray]], t0: float) -> TurnResult:
+def measure_turn(turn_id: str, events: list[dict], frames: list[tuple[float, np.ndarray]], t0: float) -> TurnResult:
+    """A turn's result from its events and the audio received since its first chunk.
+
+    Args:
+        frames: ``(arrival, pcm)`` pairs, ``arrival`` on the monotonic clock (s), ``pcm``
+            int16 mono at 48 kHz, in arrival order.
+        t0: when the turn's first text chunk was sent (monotonic s).
+    """
     pcm = np.concatenate([f for _, f in frames]) if frames else np.zeros(0, np.int16)
     onset = first_audible_sample(pcm, SAMPLE_RATE)
     perceived = None

@@ -259,3 +259,32 @@ def test_myna_token_mints_what_the_worker_verifies_and_serve_refuses_an_open_pub
     refused = subprocess.run([sys.executable, "-m", "myna.cli", "serve", "--host", "0.0.0.0", "--port", "1"],
                              capture_output=True, text=True, timeout=60)
     assert refused.returncode != 0 and "--insecure" in refused.stderr
+
+
+async def test_the_room_lane_needs_a_token_like_an_offer(tmp_path, monkeypatch):
+    """``POST /api/room`` opens a LiveKit room with Myna in it: a worker with keys opens one only
+    for a token holder (401 without, 403 without the engine), before any room is opened."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from myna.server.app import create_app
+    from myna.server.room_lane import add_room_lane
+
+    bundle = tmp_path / "livekit-client.mjs"
+    bundle.write_text("export {};")
+    monkeypatch.setenv("MYNA_LIVEKIT_CLIENT", str(bundle))
+    monkeypatch.setenv("LIVEKIT_API_KEY", "lk-key")
+    monkeypatch.setenv("LIVEKIT_API_SECRET", "lk-secret-that-is-long-enough-for-hs256-x")
+    w = Worker(engines={"tone": ToneEngine(), "tone2": ToneEngine("tone2")}, limits=Limits.off(),
+               auth=Authenticator(KEY, SECRET))
+    app = create_app(w)
+    add_room_lane(app, w, "ws://127.0.0.1:9")  # nothing listens: a room is never reached here
+    async with TestClient(TestServer(app)) as http:
+        await w.loading
+        resp = await http.post("/api/room")
+        assert resp.status == 401 and (await resp.json())["error"]["code"] == "token_required"
+        only_tone2 = mint_token(KEY, SECRET, "ann", ttl=HOUR, engines=["tone2"])
+        resp = await http.post("/api/room", headers={"Authorization": f"Bearer {only_tone2}"})
+        assert resp.status == 403 and (await resp.json())["error"]["code"] == "forbidden"
+        good = mint_token(KEY, SECRET, "ann", ttl=HOUR)
+        resp = await http.post("/api/room", headers={"Authorization": f"Bearer {good}"})
+        assert resp.status == 502  # past the checks: the LiveKit server is unreachable
