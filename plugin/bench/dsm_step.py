@@ -82,8 +82,8 @@ def build_pair(cfg, device, dtype, with_ref: bool, seed: int = 0):
     lm = lm.to(dtype)
     if lm.condition_provider is not None:
         lm.condition_provider.float()
-    lm.eval()
-    mimi.eval()
+    lm.eval().requires_grad_(False)
+    mimi.eval().requires_grad_(False)
     if not with_ref:
         return (lm, mimi), None
 
@@ -97,7 +97,7 @@ def build_pair(cfg, device, dtype, with_ref: bool, seed: int = 0):
     if missing or unexpected:
         raise RuntimeError(f"reference LM does not take our weights: missing {missing[:5]}, "
                            f"unexpected {unexpected[:5]}")
-    ref_lm.eval()
+    ref_lm.eval().requires_grad_(False)
     ref_mimi = loaders.get_mimi(None, mimi_config=cfg.mimi.to_json(), device=device, num_codebooks=cfg.n_q)
     sd = {mimi_checkpoint_name(mimi, k): v for k, v in mimi.state_dict().items() if k != "codebooks"}
     for q, (emb, usage) in enumerate(codebook_names(cfg.mimi.n_q, cfg.mimi.n_q_semantic)):
@@ -111,7 +111,7 @@ def build_pair(cfg, device, dtype, with_ref: bool, seed: int = 0):
         raise RuntimeError(f"reference Mimi does not take our weights: missing {missing[:5]}, "
                            f"unexpected {unexpected[:5]}")
     ref_mimi.set_num_codebooks(cfg.n_q)
-    ref_mimi.eval()
+    ref_mimi.eval().requires_grad_(False)
     return (lm, mimi), (ref_lm, ref_mimi)
 
 
@@ -147,32 +147,33 @@ def available_bytes(device) -> int:
 
 
 def ours_steps(lm, mimi, cfg, B: int, device):
-    """Our three timed callables for batch B (fresh state, random conditions): kind → fn()."""
+    """Our three timed callables for batch B (fresh state, random conditions): kind → fn(). The
+    steps are :class:`myna.dsm.frame.FrameStep` with sampling, their noise drawn on the device."""
     import torch
 
-    from myna.dsm.frame import FrameState, step_commit, step_depformer, step_text
-    from myna.dsm.sampling import sample_token
+    from myna.dsm.frame import FrameState, FrameStep, Sampling
 
     cross_len = cfg.max_speakers * 125 if cfg.cross_attention else 0
-    fs = FrameState(lm, B, cross_len)
+    fs = FrameState.new(lm, B, cross_len)
     cond_sum = torch.randn(B, 1, cfg.dim, device=device)
     cross = torch.randn(B, cross_len, cfg.dim, device=device) if cross_len else None
     lm.set_conditions(fs.temporal, slice(None), cond_sum, cross)
+    step = FrameStep(lm, fs, Sampling(temperature=0.6, top_k_text=25, top_k_audio=250))
     mstate = mimi.new_state(B)
     codes = torch.randint(0, cfg.card, (B, cfg.n_q, 1), device=device)
 
     @torch.no_grad()
     def text_step():
-        h, logits = step_text(lm, fs)
-        text = sample_token(logits, 0.6, 25)
-        step_commit(lm, fs, text, None, cfg.delay_steps)
+        step.text_noise.exponential_()
+        step.text_in.copy_(step.text())
+        step.commit()
 
     @torch.no_grad()
     def full_step():
-        h, logits = step_text(lm, fs)
-        text = sample_token(logits, 0.6, 25)
-        audio = step_depformer(lm, fs, text, h, temperature=0.6, top_k=250)
-        step_commit(lm, fs, text, audio, cfg.delay_steps)
+        step.text_noise.exponential_()
+        step.text_in.copy_(step.text())
+        step.audio_noise.exponential_()
+        step.audio()
 
     @torch.no_grad()
     def mimi_frame():
