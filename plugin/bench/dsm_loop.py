@@ -9,10 +9,12 @@ better), steps to first audio (model steps until the first kept 80 ms frame) and
 first audio (turn start → that frame decoded). Ratios are ours / reference; for
 steps/s: above 1 means ours steps faster; RTF and ms: below 1 means ours is faster.
 
-``--profile`` runs our loop thread under cProfile and adds, per batched step, the host time of a
-step and the part of it spent drawing sampling noise (``exponential_``) and in copies between
-buffers and to the host (``copy_``, ``to``, ``cpu``, ``numpy``, ``tolist``): on a GPU the step's
-kernels run asynchronously, so this host time is what stands between two launches.
+``--profile`` runs our loop thread under cProfile, timed in that thread's CPU time (so other
+processes on a shared machine do not count), and adds, per batched step, the host time of a step
+and the part of it spent drawing sampling noise (``exponential_``) and in copies between buffers
+and to the host (``copy_``, ``to``, ``cpu``, ``numpy``, ``tolist``). On a GPU the step's kernels
+run asynchronously, so this host time is what stands between two launches; on the CPU (with
+``--threads 1``) it also holds the compute.
 """
 
 from __future__ import annotations
@@ -77,8 +79,9 @@ def _loop_class(profile: cProfile.Profile | None):
 
 
 def host_profile(profile: cProfile.Profile) -> dict[str, float]:
-    """Per batched step, from the loop thread's profile: host ms of ``FrameLoop._step`` and the ms
-    spent in it drawing noise and copying (tottime of :data:`NOISE_CALLS`, :data:`COPY_CALLS`)."""
+    """Per batched step, from the loop thread's profile (thread CPU time): ms of
+    ``FrameLoop._step`` and the ms spent in it drawing noise and copying (tottime of
+    :data:`NOISE_CALLS`, :data:`COPY_CALLS`)."""
     stats = pstats.Stats(profile).stats
     steps, step_s, noise_s, copy_s = 0, 0.0, 0.0, 0.0
     for (_, _, name), (_, ncalls, tottime, cumtime, _) in stats.items():
@@ -95,7 +98,7 @@ def host_profile(profile: cProfile.Profile) -> dict[str, float]:
 
 def ours_run(tts, voice, text: str, S: int, profile: bool = False) -> dict[str, Any]:
     """S concurrent sessions through a fresh FrameLoop with S slots."""
-    prof = cProfile.Profile() if profile else None
+    prof = cProfile.Profile(time.thread_time) if profile else None
     loop = _loop_class(prof)(tts, max_batch=S, max_ahead_s=math.inf)
     loop.start()
     try:

@@ -554,7 +554,7 @@ class FrameLoop:
                 failed.append((slot, exc))
         self._text_in.push(self.step.text_in, n)
 
-        # 4. the audio (or text-only) phase; its PCM is handed out during the next step
+        # 4. the audio (or text-only) phase; its PCM goes out after the next text launch (pipelined)
         if depformer:
             pcm = phases["audio"]()
             if self._mimi_exec.array[:n].any():
