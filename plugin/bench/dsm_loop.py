@@ -214,6 +214,10 @@ def wrap(cfg, lm, mimi, ref_models, folder: Path, n_q: int | None = None):
         voice = folder / "voice.safetensors"
         save_file({"speaker_wavs": torch.randn(1, cfg.cross_dim, 125, generator=torch.Generator().manual_seed(0))},
                   str(voice))
+    # As load() and the reference's loader leave them: ours frozen, the reference's not (matmul
+    # takes another path for weights that require grad; the step benchmark keeps both unfrozen).
+    lm.requires_grad_(False)
+    mimi.requires_grad_(False)
     tts = DSMTTS(lm, mimi, tokenizer, cfg)
     if n_q:
         tts.n_q = max(1, min(n_q, cfg.n_q))

@@ -82,8 +82,8 @@ def build_pair(cfg, device, dtype, with_ref: bool, seed: int = 0):
     lm = lm.to(dtype)
     if lm.condition_provider is not None:
         lm.condition_provider.float()
-    lm.eval().requires_grad_(False)
-    mimi.eval().requires_grad_(False)
+    lm.eval()
+    mimi.eval()
     if not with_ref:
         return (lm, mimi), None
 
@@ -97,7 +97,7 @@ def build_pair(cfg, device, dtype, with_ref: bool, seed: int = 0):
     if missing or unexpected:
         raise RuntimeError(f"reference LM does not take our weights: missing {missing[:5]}, "
                            f"unexpected {unexpected[:5]}")
-    ref_lm.eval().requires_grad_(False)
+    ref_lm.eval()
     ref_mimi = loaders.get_mimi(None, mimi_config=cfg.mimi.to_json(), device=device, num_codebooks=cfg.n_q)
     sd = {mimi_checkpoint_name(mimi, k): v for k, v in mimi.state_dict().items() if k != "codebooks"}
     for q, (emb, usage) in enumerate(codebook_names(cfg.mimi.n_q, cfg.mimi.n_q_semantic)):
@@ -111,7 +111,7 @@ def build_pair(cfg, device, dtype, with_ref: bool, seed: int = 0):
         raise RuntimeError(f"reference Mimi does not take our weights: missing {missing[:5]}, "
                            f"unexpected {unexpected[:5]}")
     ref_mimi.set_num_codebooks(cfg.n_q)
-    ref_mimi.eval().requires_grad_(False)
+    ref_mimi.eval()
     return (lm, mimi), (ref_lm, ref_mimi)
 
 

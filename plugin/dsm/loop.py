@@ -140,8 +140,9 @@ class _Pinned:
     after each copy tells when the host buffer may be rewritten (after a push) or read (after a
     pull): :meth:`wait`. On the CPU copies are immediate and :meth:`wait` returns at once.
 
-    Each buffer is written once per step, after the step's readback of the text phase, which the
-    device runs after the previous step's pushes: in steady state :meth:`wait` finds the copy done.
+    The host rewrites each buffer at most once per step, and the copy it waits for was queued a
+    step earlier, right behind work whose result the host has already read back: in steady state
+    :meth:`wait` finds it done and returns at once, so one buffer per input is enough.
     """
 
     def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, fill=0):
