@@ -3,14 +3,15 @@
     python examples/client.py --server http://127.0.0.1:8080 "Hello from Myna." -o out.wav
 
 Streams the text as token-sized chunks (like an LLM at 30 tokens/s) over a WebRTC data
-channel, records the Opus track, and prints the server and perceived TTFA.
+channel, records the Opus track, and prints the server and perceived TTFA. Needs only the main
+install (``bash scripts/serve.sh`` in another terminal runs the worker).
 """
 
 import argparse
 import asyncio
 import wave
 
-from myna.rtc.client import MynaClient
+from myna.rtc.client import MynaClient, wait_until_ready
 
 
 async def main() -> None:
@@ -21,8 +22,13 @@ async def main() -> None:
     parser.add_argument("--token-rate", type=float, default=30.0)
     args = parser.parse_args()
 
-    async with MynaClient(args.server) as client:
-        result = await client.speak(args.text, tokens_per_s=args.token_rate)
+    try:
+        # Fails at once when nothing is listening; waits only while the worker is still loading.
+        await wait_until_ready(args.server, timeout=60.0, starting=False)
+        async with MynaClient(args.server) as client:
+            result = await client.speak(args.text, tokens_per_s=args.token_rate)
+    except (OSError, RuntimeError, TimeoutError, ValueError) as exc:
+        raise SystemExit(f"client.py: {exc}") from None
     with wave.open(args.output, "wb") as w:
         w.setnchannels(1)
         w.setsampwidth(2)
@@ -30,7 +36,11 @@ async def main() -> None:
         w.writeframes(result.pcm.tobytes())
     for event in result.events:
         print(event)
-    print(f"server TTFA {result.server_ttfa_ms} ms, perceived TTFA {result.perceived_ttfa_ms:.0f} ms -> {args.output}")
+    print(f"server TTFA {_ms(result.server_ttfa_ms)}, perceived TTFA {_ms(result.perceived_ttfa_ms)} -> {args.output}")
+
+
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0f} ms"
 
 
 if __name__ == "__main__":

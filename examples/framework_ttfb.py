@@ -7,6 +7,7 @@
 
 Each reply is pushed as LLM-like token chunks (``myna.rtc.client.token_chunks``) all at once
 (an LLM faster than the TTS; use ``--token-rate`` for a paced LLM). The remote mode starts ``myna serve`` on 127.0.0.1 itself.
+Needs the ``pipecat`` and ``livekit`` extras (``bash scripts/setup.sh pipecat livekit``).
 Run it in the loopback-only namespace, e.g.::
 
     unshare -n sh -c 'ip link set lo up; .venv/bin/python examples/framework_ttfb.py'
@@ -26,6 +27,7 @@ import time
 import urllib.request
 
 from myna.engines.piper import PiperEngine
+from myna.extras import require_or_exit
 from myna.rtc.client import token_chunks
 
 SENTENCES = [
@@ -120,4 +122,6 @@ if __name__ == "__main__":
     parser.add_argument("--n", type=int, default=10, help="replies per framework and mode (default: %(default)s)")
     parser.add_argument("--token-rate", type=float, default=0.0, help="tokens/s of the simulated LLM (0: all at once)")
     parser.add_argument("--port", type=int, default=8091, help="port of the worker started for the remote mode")
-    asyncio.run(main(parser.parse_args()))
+    args = parser.parse_args()
+    require_or_exit("pipecat", "livekit")
+    asyncio.run(main(args))

@@ -1,6 +1,6 @@
 """A LiveKit Agents agent whose TTS is Myna (``myna.integrations.livekit.TTS``).
 
-Two ways to run it (the ``livekit`` extra must be installed: ``pip install -e '.[livekit]'``):
+Two ways to run it (needs the ``livekit`` extra: ``bash scripts/setup.sh livekit``):
 
 1. **Offline, nothing but the embedded voice** (no LiveKit server, no LLM, no API key)::
 
@@ -30,6 +30,10 @@ import re
 import sys
 import wave
 from collections.abc import AsyncIterator
+
+from myna.extras import require_or_exit
+
+require_or_exit("livekit")  # before the imports below, so a missing extra is one line, not a traceback
 
 from livekit import rtc
 from livekit.agents import Agent, AgentSession

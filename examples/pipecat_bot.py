@@ -7,7 +7,7 @@ you when you connect and then reads back whatever you type on the page, so you h
 start speaking while the "LLM" is still writing. Sending while it speaks barges in
 (``InterruptionFrame``): the old reply stops at once.
 
-Run (the ``pipecat`` extra must be installed: ``pip install -e '.[pipecat]'``)::
+Run (needs the ``pipecat`` extra: ``bash scripts/setup.sh pipecat``)::
 
     python examples/pipecat_bot.py                        # in-process Piper voice (~3 s to load)
     python examples/pipecat_bot.py --myna http://127.0.0.1:8080   # TTS on a running `myna serve`
@@ -24,6 +24,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import re
+
+from myna.extras import require_or_exit
+
+require_or_exit("pipecat")  # before the imports below, so a missing extra is one line, not a traceback
 
 from aiohttp import web
 from loguru import logger

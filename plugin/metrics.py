@@ -28,7 +28,11 @@ class Metrics:
         gaps: pauses at a chunk boundary (the next chunk of a word-boundary producer came
             late), by engine; separate from underruns.
         gap_seconds: silence those pauses inserted (s), by engine.
-        errors: ``error`` events and HTTP errors sent, by contract ``code``.
+        errors: ``error`` events and HTTP errors sent, by contract ``code`` (refusals too:
+            ``full``, ``rate_limited``, ``token_required``, ...).
+        events_dropped: events not sent, by reason (``too_large`` for the peer, ``send_failed``).
+        limit: the worker's limits, by name (``max_sessions``, ``offer_rate``, ...).
+        draining: 1 while draining.
     """
 
     content_type = CONTENT_TYPE_LATEST
@@ -59,6 +63,16 @@ class Metrics:
                             registry=self.registry)
         self.gap_seconds = Counter("myna_gap_seconds", "Silence inserted by gaps", ["engine"], registry=self.registry)
         self.errors = Counter("myna_errors", "Errors reported to clients", ["code"], registry=self.registry)
+        self.events_dropped = Counter("myna_events_dropped", "Events that could not be sent to a client",
+                                      ["reason"], registry=self.registry)
+        self.limit = Gauge("myna_limit", "Configured limits (myna serve flags)", ["name"], registry=self.registry)
+        self.draining = Gauge("myna_draining", "1 while the worker drains before exiting", registry=self.registry)
+
+    def set_limits(self, limits) -> None:
+        """Publish a :class:`myna.server.limits.Limits` (limits that are off are left out)."""
+        for name, value in vars(limits).items():
+            if value is not None:
+                self.limit.labels(name).set(value)
 
     def render(self) -> bytes:
         """The registry in the Prometheus text exposition format."""

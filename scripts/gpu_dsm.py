@@ -1,19 +1,30 @@
 #!/usr/bin/env python
-"""One prepared GPU check of the DSM port (issue 3), printing one JSON object.
+"""One prepared GPU check of the DSM port, printing one JSON object (issues 3 and 17).
 
-1. bf16 parity against the reference (moshi 0.2.13) on the same random weights (dsm_spec §8.5;
-   the released weights are not reachable here): teacher-forced text/audio logits (max abs diff,
-   cosine), streaming temporal steps with conditions, greedy frame agreement of the step loop over
-   the first steps, and Mimi decode (fp32) max abs diff and SNR, batch and streaming.
-2. Step times of the given config (default 1.6b) at batch 1, 8 and 32: text step, full step and
-   Mimi frame, ours and the reference side by side (see ``myna bench dsm-step``).
-3. On CUDA: whether our greedy full step (temporal + depformer + commit) captures as one CUDA graph,
-   whether replays give the same tokens as eager steps, and the replayed step time per batch size.
+The random-weight models of the config (default 1.6b) are built once, on the meta device then
+initialised in place on the target device (nothing is written to disk), ours and the reference
+(moshi 0.2.13) with the same weights, and serve every section:
 
-Usage on the GPU machine (well under 8 minutes for 1.6b on one H200-class GPU):
+1. ``parity`` (TF32 off): bf16 parity against the reference (dsm_spec §8.5; the released weights
+   are not reachable here): conditions, teacher-forced text/audio logits (max abs diff, cosine),
+   streaming temporal steps, greedy frame agreement of the step loop over the first steps, and
+   Mimi decode (fp32) max abs diff and SNR, batch and streaming.
+2. ``timing`` (TF32 on): step times at batch 1, 8 and 32: text step, full step and Mimi frame, ours
+   and the reference side by side (see ``myna bench dsm-step``).
+3. ``graphs`` (TF32 on, CUDA only): our greedy frame step (text phase, the sampled token fed back,
+   audio phase) captured as one CUDA graph per batch size; whether replays give the same tokens
+   as eager steps, and both step times.
+4. ``loop`` (TF32 on): the live frame loop (``myna bench dsm-loop``: CUDA graphs unless
+   ``NO_CUDA_GRAPH=1``, continuous batching) at 1, 8 and 32 sessions against the reference's own
+   generation loop.
+
+Each section reports its wall time, its TF32 setting and the peak host (RSS) and device memory
+while it ran; a failing section reports its error and the others still run.
+
+Usage on the GPU machine (about 5 minutes for 1.6b on one H200-class GPU, estimated):
 
     python scripts/gpu_dsm.py                      # 1.6b, cuda, bf16, batches 1,8,32
-    python scripts/gpu_dsm.py --config tiny --device cpu --batch 1,2   # CPU smoke test
+    python scripts/gpu_dsm.py --config small --device cpu --batch 1,2 --loop-sessions 1,2   # CPU run
 
 Needs the reference installed: ``pip install --no-deps moshi==0.2.13 einops sphn``.
 """
@@ -21,9 +32,11 @@ Needs the reference installed: ``pip install --no-deps moshi==0.2.13 einops sphn
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -49,13 +62,75 @@ def _snr_db(ours: torch.Tensor, ref: torch.Tensor) -> float:
     return float("inf") if noise == 0 else 10 * torch.log10(torch.tensor(signal / noise)).item()
 
 
+def _greedy_step(lm, fs, delay_steps: int | None = None):
+    """Our greedy frame step with the sampled text fed back as is (no state machine): fn() → frame."""
+    from myna.dsm.frame import FrameStep, Sampling
+
+    step = FrameStep(lm, fs, Sampling(greedy=True), delay_steps=delay_steps)
+
+    def full() -> torch.Tensor:
+        step.text_in.copy_(step.text())
+        return step.audio()
+
+    return full
+
+
+# ------------------------------------------------------------------------------------------ memory and sections
+
+
+def _host_peak_bytes() -> int:
+    """Peak resident set size since the last :func:`_reset_host_peak` (VmHWM), in bytes."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _reset_host_peak() -> bool:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # Linux: reset VmHWM to the current RSS
+        return True
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def section(report: dict, name: str, device: torch.device, tf32: bool):
+    """Time a section, set TF32 for it, record its peak host and device memory and any error
+    (the error is kept in the report and the run goes on)."""
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    entry: dict = {"tf32": tf32}
+    report.setdefault("sections", {})[name] = entry
+    entry["host_peak_is_section_peak"] = _reset_host_peak()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    t0 = time.perf_counter()
+    try:
+        yield entry
+    except Exception as exc:  # keep the rest of the one call
+        entry["error"] = "".join(traceback.format_exception(exc))[-2000:]
+    finally:
+        entry["wall_s"] = round(time.perf_counter() - t0, 2)
+        entry["peak_host_gib"] = round(_host_peak_bytes() / 2**30, 2)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            entry["peak_device_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+        print(f"gpu_dsm: {name} done in {entry['wall_s']} s", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------------------ sections
+
+
 @torch.no_grad()
 def parity(cfg, models, ref_models, device, dtype, steps: int) -> dict:
     from moshi.conditioners import ConditionAttributes, TensorCondition
     from moshi.models.lm import LMGen
 
-    from myna.dsm.frame import FrameState, step_commit, step_depformer, step_text
-    from myna.dsm.sampling import sample_token
+    from myna.dsm.frame import FrameState
 
     lm, mimi = models
     ref_lm, ref_mimi = ref_models
@@ -86,6 +161,7 @@ def parity(cfg, models, ref_models, device, dtype, steps: int) -> dict:
     ref = ref_lm(codes, ct)
     out["teacher_forced_audio_logits"] = _stats(logits, ref.logits)
     out["teacher_forced_text_logits"] = _stats(text, ref.text_logits)
+    del logits, text, ref
 
     # Streaming temporal steps.
     state = lm.new_state(B, S)
@@ -101,16 +177,16 @@ def parity(cfg, models, ref_models, device, dtype, steps: int) -> dict:
             worst_h = max(worst_h, _stats(h, rh)["max_abs"])
             worst_l, cos = max(worst_l, s["max_abs"]), min(cos, s["cosine"])
     out["temporal_steps"] = {"h_max_abs": worst_h, "text_logits_max_abs": worst_l, "text_logits_min_cosine": cos}
+    del state
 
-    # Greedy step loop without the state machine (the sampled text is fed back as is), B = 1.
-    fs = FrameState(lm, 1, S)
+    # Greedy step loop without the state machine (the sampled text is fed back as is), B = 1;
+    # the reference's plain LMGen neither skips the depformer nor masks audio: delay_steps 0.
+    fs = FrameState.new(lm, 1, S)
     lm.set_conditions(fs.temporal, slice(None), cond_sum[:1], cross[:1])
+    full = _greedy_step(lm, fs, delay_steps=0)
     ours_frames = []
     for t in range(steps):
-        h, lg = step_text(lm, fs)
-        txt = sample_token(lg, greedy=True)
-        audio = step_depformer(lm, fs, txt, h, greedy=True)
-        frame = step_commit(lm, fs, txt, audio, 0)
+        frame = full()
         if t >= cfg.max_delay:
             ours_frames.append(frame.clone())
     rgen = LMGen(ref_lm, use_sampling=False, condition_tensors=ref_lm.condition_provider.prepare_and_provide(attrs[:1]))
@@ -125,6 +201,7 @@ def parity(cfg, models, ref_models, device, dtype, steps: int) -> dict:
     first_diff = int((~same).nonzero()[0, 0]) if (~same).any() else None
     out["greedy_frames"] = {"frames": int(a.shape[0]), "identical_frames": int(same.sum()),
                             "first_differing_frame": first_diff, "token_agreement": (a == b).float().mean().item()}
+    del fs, full
 
     # Mimi, fp32.
     mcodes = torch.randint(0, cfg.card, (B, cfg.n_q, 40), device=device, generator=gen)
@@ -139,44 +216,60 @@ def parity(cfg, models, ref_models, device, dtype, steps: int) -> dict:
     return out
 
 
+def timing(cfg, models, ref_models, device, dtype, batches: list[int], iters: int, rounds: int) -> list[dict]:
+    from myna.bench.dsm_step import bench_batch, ours_steps, ref_steps, stop_streaming
+
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    rows = []
+    for B in batches:
+        t0 = time.perf_counter()
+        try:
+            ours = ours_steps(*models, cfg, B, device)
+            ref = ref_steps(*ref_models, cfg, B, device, dtype)
+            row = bench_batch(ours, ref, iters, rounds, sync)
+        except torch.cuda.OutOfMemoryError as exc:
+            row = {"error": f"out of memory: {exc}"[:300]}
+        ours = ref = None  # this batch's states (KV caches) go before the next batch's
+        stop_streaming(ref_models)
+        row["batch"] = B
+        row["wall_s"] = round(time.perf_counter() - t0, 2)
+        rows.append(row)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
 @torch.no_grad()
 def graph_check(cfg, lm, device, B: int, steps: int = 8, iters: int = 20) -> dict:
-    """Capture our greedy full step as one CUDA graph; compare replays with eager steps; time both."""
-    from myna.dsm.frame import FrameState, step_commit, step_depformer, step_text
-    from myna.dsm.sampling import sample_token
+    """Capture our greedy frame step as one CUDA graph; compare replays with eager steps; time both."""
+    from myna.dsm.frame import FrameState
 
     S = cfg.max_speakers * 125 if cfg.cross_attention else 0
     gen = torch.Generator(device=device).manual_seed(3)
     cond = torch.randn(B, 1, cfg.dim, device=device, generator=gen)
     cross = torch.randn(B, S, cfg.dim, device=device, generator=gen) if S else None
 
-    def new_state():
-        fs = FrameState(lm, B, S)
+    def new_step():
+        fs = FrameState.new(lm, B, S)
         lm.set_conditions(fs.temporal, slice(None), cond, cross)
-        return fs
+        return _greedy_step(lm, fs)
 
-    def full(fs):
-        h, lg = step_text(lm, fs)
-        txt = sample_token(lg, greedy=True)
-        audio = step_depformer(lm, fs, txt, h, greedy=True)
-        return step_commit(lm, fs, txt, audio, 0)
-
-    graphed, eager = new_state(), new_state()
+    graphed, eager = new_step(), new_step()
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
         for _ in range(3):
-            full(graphed)
+            graphed()
     torch.cuda.current_stream(device).wait_stream(side)
     for _ in range(3):
-        full(eager)
+        eager()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = full(graphed)
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        static_out = graphed()
     same = 0
     for _ in range(steps):
         graph.replay()
-        same += int(torch.equal(static_out, full(eager)))
+        same += int(torch.equal(static_out, eager()))
     torch.cuda.synchronize(device)
     t0 = time.perf_counter()
     for _ in range(iters):
@@ -185,11 +278,26 @@ def graph_check(cfg, lm, device, B: int, steps: int = 8, iters: int = 20) -> dic
     graph_ms = (time.perf_counter() - t0) / iters * 1000
     t0 = time.perf_counter()
     for _ in range(iters):
-        full(eager)
+        eager()
     torch.cuda.synchronize(device)
     eager_ms = (time.perf_counter() - t0) / iters * 1000
     return {"batch": B, "captured": True, "identical_steps": same, "steps": steps,
             "graph_full_step_ms": graph_ms, "eager_full_step_ms": eager_ms}
+
+
+def loop(config: str, cfg, models, ref_models, counts: list[int]) -> dict:
+    """The live frame loop (myna bench dsm-loop) on the same models, ours against the reference's
+    own generation loop: the table and the figures."""
+    from myna.bench import dsm_loop
+
+    with tempfile.TemporaryDirectory(prefix="gpu-dsm-loop-") as tmp:
+        tts, ref, voice = dsm_loop.wrap(cfg, *models, ref_models, Path(tmp))
+        result = dsm_loop.measure(tts, ref, voice, counts, config=config)
+    return {"table": dsm_loop.format_table(result), "results": result["results"],
+            "cuda_graphs": result["cuda_graphs"]}
+
+
+# ------------------------------------------------------------------------------------------ main
 
 
 def main() -> int:
@@ -207,86 +315,52 @@ def main() -> int:
                          "reference's loop, after the step timings; empty to skip")
     args = ap.parse_args()
 
-    from myna.bench.dsm_step import bench_batch, build_pair, ours_steps, ref_steps, stop_streaming
+    from myna.bench.dsm_step import build_pair
     from myna.dsm.config import DSMConfig
 
     t_start = time.perf_counter()
     device = torch.device(args.device)
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}.get(args.dtype or "", torch.bfloat16)
     cfg = DSMConfig.from_name(args.config)
+    batches = [int(b) for b in args.batch.split(",") if b.strip()]
     report: dict = {"config": args.config, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
                     "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                     "torch": torch.__version__, "n_q": cfg.n_q}
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
-    t0 = time.perf_counter()
-    models, ref_models = build_pair(cfg, device, dtype, with_ref=True)
-    report["build_s"] = round(time.perf_counter() - t0, 2)
+    models = ref_models = None
+    with section(report, "build", device, tf32=False):
+        models, ref_models = build_pair(cfg, device, dtype, with_ref=True)
+    if models is None:
+        print(json.dumps(report, indent=2))
+        return 1
     if not args.skip_parity:
-        t0 = time.perf_counter()
-        try:
-            report["parity"] = parity(cfg, models, ref_models, device, dtype, args.steps)
-        except Exception as exc:  # keep the timing part of the one call
-            report["parity_error"] = "".join(traceback.format_exception(exc))[-2000:]
-        stop_streaming(ref_models)
-        report["parity_s"] = round(time.perf_counter() - t0, 2)
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    iters = args.iters or (10 if device.type == "cuda" else 3)
-    report["timing_ms"] = []
-    for B in [int(b) for b in args.batch.split(",")]:
-        t0 = time.perf_counter()
-        try:
-            ours = ours_steps(*models, cfg, B, device)
-            ref = ref_steps(*ref_models, cfg, B, device, dtype)
-            row = bench_batch(ours, ref, iters, args.rounds, sync)
-        except torch.cuda.OutOfMemoryError as exc:
-            row = {"error": f"out of memory: {exc}"[:300]}
-        stop_streaming(ref_models)
-        row["batch"] = B
-        row["wall_s"] = round(time.perf_counter() - t0, 2)
-        report["timing_ms"].append(row)
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    if device.type == "cuda":
-        report["cuda_graph"] = []
-        for B in [int(b) for b in args.batch.split(",")]:
+        from myna.bench.dsm_step import stop_streaming
+
+        with section(report, "parity", device, tf32=False) as entry:
             try:
-                report["cuda_graph"].append(graph_check(cfg, models[0], device, B))
-            except Exception as exc:  # report, do not lose the rest of the run
-                report["cuda_graph"].append({"batch": B, "captured": False,
-                                             "error": "".join(traceback.format_exception(exc))[-1500:]})
-            torch.cuda.empty_cache()
-        report["max_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
-    if args.loop_sessions:
-        models = ref_models = None  # free the step benchmark's device memory first
-        report["loop"] = _loop(args)
+                entry.update(parity(cfg, models, ref_models, device, dtype, args.steps))
+            finally:
+                stop_streaming(ref_models)
+    with section(report, "timing", device, tf32=True) as entry:
+        iters = args.iters or (10 if device.type == "cuda" else 3)
+        entry["rows_ms"] = timing(cfg, models, ref_models, device, dtype, batches, iters, args.rounds)
+    if device.type == "cuda":
+        with section(report, "graphs", device, tf32=True) as entry:
+            entry["rows"] = []
+            for B in batches:
+                try:
+                    entry["rows"].append(graph_check(cfg, models[0], device, B))
+                except Exception as exc:  # report, do not lose the other batch sizes
+                    entry["rows"].append({"batch": B, "captured": False,
+                                          "error": "".join(traceback.format_exception(exc))[-1500:]})
+                torch.cuda.empty_cache()
+    counts = [int(s) for s in args.loop_sessions.split(",") if s.strip()]
+    if counts:
+        with section(report, "loop", device, tf32=True) as entry:
+            entry.update(loop(args.config, cfg, models, ref_models, counts))
+    models = ref_models = None
     report["total_s"] = round(time.perf_counter() - t_start, 2)
     print(json.dumps(report, indent=2))
     return 0
-
-
-def _loop(args) -> dict:
-    """The live frame loop on the same device (myna bench dsm-loop), CUDA graphs on unless
-    NO_CUDA_GRAPH=1, ours against the reference's own generation loop."""
-    import argparse as _argparse
-    import contextlib
-    import io
-
-    from myna.bench import dsm_loop
-
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-    loop_args = _argparse.Namespace(config=args.config, sessions=args.loop_sessions, text=dsm_loop.TEXT,
-                                    device=args.device, threads=None, n_q=None, rounds=1, no_ref=False,
-                                    json_out=None)
-    out = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(out):
-            dsm_loop.run(loop_args)
-        return {"table": out.getvalue()}
-    except Exception as exc:  # keep the rest of the report
-        return {"error": "".join(traceback.format_exception(exc))[-1500:], "table": out.getvalue()}
 
 
 if __name__ == "__main__":

@@ -5,13 +5,23 @@ Routes:
 - ``POST /api/offer``: SDP offer in, answer out (Pipecat SmallWebRTC compatible: ``sdp``,
   ``type``, ``pc_id``, ``restart_pc``, ``request_data`` with ``engine`` and ``voice``).
 - ``PATCH /api/offer``: trickled ICE candidates for a known ``pc_id`` (SmallWebRTC clients).
-- ``GET /healthz``: 200 once every engine has loaded and warmed up, 503 before.
+- ``GET /healthz``: readiness. 200 ``ready`` once every engine has loaded and warmed up;
+  503 ``starting`` before, ``full`` at the session cap (with ``Retry-After``), ``draining``
+  after SIGTERM.
+- ``GET /livez``: liveness, 200 while the process serves (draining included).
 - ``GET /metrics``: Prometheus text format.
 - ``GET /``: the web page (package ``myna.web``).
 - ``GET /v1/tts/stream``: streaming TTS over a WebSocket (:mod:`myna.server.tts_stream`).
 
-Every error is JSON ``{"error": {"code", "message"}}`` with a 4xx status; an unexpected
-exception is logged and answered with a bare 500 of the same shape, never a traceback.
+With keys configured, offers and the WebSocket need an access token (:mod:`myna.server.auth`);
+every session passes the worker's limits (:mod:`myna.server.limits`). Every error is JSON
+``{"error": {"code", "message"}}`` with a 4xx status (503 when full, draining or starting; 429
+and 503 refusals carry ``Retry-After``); an unexpected exception is logged and answered with a
+bare 500 of the same shape, never a traceback.
+
+Graceful drain (:meth:`Worker.drain`): readiness turns 503 ``draining``, new offers and
+WebSocket connections get 503, sessions refuse new turns (``error`` ``draining``) and the turns
+already speaking finish, up to a timeout; then the app's cleanup closes everything.
 """
 
 from __future__ import annotations
@@ -19,18 +29,23 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.resources import files
 
 from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
 from aiortc import RTCPeerConnection, RTCSessionDescription
 from aiortc.sdp import candidate_from_sdp
 
 from myna.engines import Engine
 from myna.metrics import Metrics
 from myna.rtc.ice import rtc_configuration
-from myna.rtc.session import Session
+from myna.rtc.session import MAX_MESSAGE_BYTES, Session, encode_event, quote_input
+from myna.server.auth import AuthError, Authenticator, Grant, bearer_token
+from myna.server.limits import RETRY_WHEN_FULL_S, Admission, LimitExceeded, Limits, MessageRate, measure_capacity
 from myna.server.tts_stream import add_tts_stream
 
 log = logging.getLogger(__name__)
@@ -39,22 +54,29 @@ WORKER_KEY = web.AppKey("worker", "Worker")
 
 
 class HTTPError(Exception):
-    """An error answered as ``{"error": {"code", "message"}}`` with an HTTP status."""
+    """An error answered as ``{"error": {"code", "message"}}`` with an HTTP status
+    (and ``Retry-After: retry_after`` seconds when set)."""
 
-    def __init__(self, status: int, code: str, message: str):
+    def __init__(self, status: int, code: str, message: str, retry_after: int | None = None):
         super().__init__(message)
-        self.status, self.code, self.message = status, code, message
+        self.status, self.code, self.message, self.retry_after = status, code, message, retry_after
 
 
 @dataclass
 class Peer:
-    """A peer connection and the session it carries."""
+    """A peer connection, the session it carries, and who owns it."""
 
     pc_id: str
     pc: RTCPeerConnection
     session: Session
+    owner: str  # the client it is counted against (token identity or address)
+    release: Callable[[], None]  # gives the owner's session slot back (idempotent)
+    rate: MessageRate
     channel: object | None = None  # where events go: the open channel the client last used
     channels: list = field(default_factory=list)
+    connect_timer: asyncio.TimerHandle | None = None
+    max_event_bytes: int = MAX_MESSAGE_BYTES  # the smaller of ours and the peer's SCTP max-message-size
+    refused_kinds: set = field(default_factory=set)  # event types already reported as too large
 
 
 @dataclass
@@ -67,33 +89,89 @@ class Worker:
         connect_timeout: seconds a new peer may take to connect before it is dropped.
         max_hold_ms: the start rule's budget: the longest a turn's ready first audio may be held
             (``myna serve --max-hold-ms``; :mod:`myna.audio.playout`).
+        limits: session caps and rates (none by default; ``myna serve`` sets its own).
+        auth: checks access tokens (None: no token needed; clients are told apart by address).
+        measure_capacity: at start-up, set ``limits.max_sessions`` (when None) to the default
+            engine's measured capacity (:func:`myna.server.limits.measure_capacity`).
     """
 
     engines: dict[str, Engine]
     ice_servers: list[str] = field(default_factory=list)
     connect_timeout: float = 30.0
     max_hold_ms: float = 100.0
+    limits: Limits = field(default_factory=Limits.off)
+    auth: Authenticator | None = None
+    measure_capacity: bool = False
     metrics: Metrics = field(default_factory=Metrics)
     peers: dict[str, Peer] = field(default_factory=dict)
+    streams: set = field(default_factory=set)  # open /v1/tts/stream connections
     ready: bool = False
+    draining: bool = False
     loading: asyncio.Task | None = None  # engine start-up, running once the app has started
+    admission: Admission = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.admission = Admission(self.limits)
 
     @property
     def default_engine(self) -> str:
         return next(iter(self.engines))
 
     async def start(self) -> None:
-        """Load and warm up every engine; the worker is ready afterwards."""
+        """Load and warm up every engine (and measure capacity if asked); ready afterwards."""
         for engine in self.engines.values():
             await engine.start()
+        if self.measure_capacity and self.limits.max_sessions is None:
+            self.limits.max_sessions = await measure_capacity(self.engines[self.default_engine])
+            log.info("capacity of %s on this host: %d sessions", self.default_engine, self.limits.max_sessions)
+        self.metrics.set_limits(self.limits)
         self.ready = True
 
-    async def offer(self, body: dict) -> dict:
-        """Answer an SDP offer, creating (or restarting) a peer and its session.
+    # -- who is asking ----------------------------------------------------------------------
+    def authorize(self, request: web.Request, query_token: bool = False) -> Grant | None:
+        """The request's grant (None when the worker needs no token).
 
         Raises:
-            HTTPError: 400 for a malformed body, unknown engine or voice, or unusable SDP.
+            AuthError: 401 or 403 (see :mod:`myna.server.auth`).
         """
+        if self.auth is None:
+            return None
+        return self.auth.verify(bearer_token(request.headers, request.query if query_token else {}))
+
+    @staticmethod
+    def client_of(request: web.Request, grant: Grant | None) -> str:
+        """Whom a request's sessions count against: the token's identity, else the address."""
+        return f"identity:{grant.identity}" if grant is not None else f"address:{request.remote}"
+
+    def admit(self, client: str, grant: Grant | None) -> Callable[[], None]:
+        """Take a session slot for ``client``; returns its release function.
+
+        Raises:
+            HTTPError: 503 ``draining`` / ``not_ready``; :class:`LimitExceeded` 503 or 429.
+        """
+        if self.draining:
+            raise HTTPError(503, "draining", "the worker is shutting down; connect to another", RETRY_WHEN_FULL_S)
+        if not self.ready:
+            raise HTTPError(503, "not_ready", "the worker is still loading its engines")
+        self.admission.admit(client, grant.max_sessions if grant is not None else None)
+        return self.admission.hold(client)
+
+    def sessions(self) -> list[Session]:
+        """Every open session, WebRTC and WebSocket."""
+        return [p.session for p in self.peers.values()] + [c.session for c in self.streams if c.session is not None]
+
+    # -- signaling ------------------------------------------------------------------------
+    async def offer(self, body: dict, client: str = "local", grant: Grant | None = None) -> dict:
+        """Answer an SDP offer, creating (or restarting) a peer and its session for ``client``.
+
+        Raises:
+            HTTPError: 400 for a malformed body, unknown engine or voice, or unusable SDP; 409
+                for another client's ``pc_id``; 503 while starting or draining.
+            AuthError: 403 when ``grant`` may not use the engine.
+            LimitExceeded: 503 ``full``, 429 ``too_many_sessions`` / ``rate_limited``.
+        """
+        if self.draining:
+            raise HTTPError(503, "draining", "the worker is shutting down; connect to another", RETRY_WHEN_FULL_S)
         sdp, kind = body.get("sdp"), body.get("type")
         if not isinstance(sdp, str) or kind != "offer":
             raise HTTPError(400, "bad_request", 'the body needs "sdp" (string) and "type": "offer"')
@@ -105,10 +183,13 @@ class Worker:
         if not isinstance(engine_name, str) or not isinstance(voice, (str, type(None))):
             raise HTTPError(400, "bad_request", '"request_data.engine" and "request_data.voice" must be strings')
         if engine_name not in self.engines:
-            raise HTTPError(400, "unknown_engine", f"unknown engine {engine_name!r}; loaded: {', '.join(self.engines)}")
+            raise HTTPError(400, "unknown_engine",
+                            f"unknown engine {quote_input(engine_name)}; loaded: {', '.join(self.engines)}")
         engine = self.engines[engine_name]
         if voice is not None and voice not in engine.voices:
-            raise HTTPError(400, "unknown_voice", f"{engine_name} has no voice {voice!r}; available: {engine.voices}")
+            raise HTTPError(400, "unknown_voice", f"{engine_name} has no voice {quote_input(voice)}; available: {engine.voices}")
+        if grant is not None:
+            grant.check_engine(engine_name)
         if not self.ready:
             raise HTTPError(503, "not_ready", "the worker is still loading its engines")
         if "\nm=audio " not in sdp.replace("\r\n", "\n"):
@@ -116,15 +197,23 @@ class Worker:
 
         pc_id = body.get("pc_id")
         existing = self.peers.get(pc_id) if isinstance(pc_id, str) else None
+        if existing is not None and existing.owner != client:
+            raise HTTPError(409, "pc_id_in_use", "that pc_id belongs to another client; omit pc_id")
         if existing is not None and not body.get("restart_pc"):
             # Renegotiation keeps the ICE credentials; another peer's offer cannot reuse the id.
             if _ice_ufrag(sdp) != _ice_ufrag(existing.pc.remoteDescription.sdp):
                 raise HTTPError(409, "pc_id_in_use", "that pc_id belongs to another connection; omit pc_id or set restart_pc")
             return await self._answer(existing, sdp)
-        peer = self._new_peer(existing.pc_id if existing else f"myna-{uuid.uuid4().hex}", engine, voice)
+        if existing is not None:  # a restart takes over the slot of the connection it replaces
+            release, existing.release = existing.release, _nothing
+        else:
+            release = self.admit(client, grant)
+        peer = self._new_peer(existing.pc_id if existing else f"myna-{uuid.uuid4().hex}", engine, voice, client, release)
         try:
             answer = await self._answer(peer, sdp)
         except HTTPError:
+            if existing is not None:
+                peer.release, existing.release = _nothing, release  # the old connection keeps its slot
             await self._release(peer)
             raise
         if existing is not None:  # a restart replaces the old connection only once the new one is answered
@@ -132,17 +221,18 @@ class Worker:
         self.peers[peer.pc_id] = peer
         return answer
 
-    def _new_peer(self, pc_id: str, engine: Engine, voice: str | None) -> Peer:
+    def _new_peer(self, pc_id: str, engine: Engine, voice: str | None, owner: str, release: Callable[[], None]) -> Peer:
         pc = RTCPeerConnection(rtc_configuration(self.ice_servers))
         peer: Peer
 
         def send(event: dict) -> None:
-            channel = peer.channel
-            if channel is not None and channel.readyState == "open":
-                channel.send(json.dumps(event))
+            self._send_event(peer, peer.channel, event)
 
-        session = Session(engine=engine, send=send, metrics=self.metrics, voice=voice, max_hold_s=self.max_hold_ms / 1000.0)
-        peer = Peer(pc_id, pc, session)
+        session = Session(engine=engine, send=send, metrics=self.metrics, voice=voice,
+                          max_hold_s=self.max_hold_ms / 1000.0, max_turn_chars=self.limits.max_turn_chars, max_queued_turns=self.limits.max_queued_turns)
+        if self.draining:
+            session.drain()
+        peer = Peer(pc_id, pc, session, owner, release, MessageRate(self.limits.message_rate, self.limits.message_burst))
         pc.addTrack(session.track)
 
         @pc.on("datachannel")
@@ -154,7 +244,11 @@ class Worker:
             @channel.on("message")
             def on_message(message) -> None:
                 peer.channel = channel  # events go to the channel the client last spoke on
-                session.handle_message(message)
+                allowed, report = peer.rate.allow()
+                if allowed:
+                    session.handle_message(message)
+                elif report:
+                    session.refuse("rate_limited", peer.rate.message)
 
             @channel.on("close")
             def on_close() -> None:
@@ -162,7 +256,7 @@ class Worker:
                 if peer.channel is channel:  # fall back to another open channel, if any
                     peer.channel = next((c for c in reversed(peer.channels) if c.readyState == "open"), None)
 
-            channel.send(json.dumps(session.ready_event(list(self.engines))))
+            self._send_event(peer, channel, session.ready_event(list(self.engines)))
 
         @pc.on("connectionstatechange")
         async def on_state() -> None:
@@ -170,8 +264,36 @@ class Worker:
             if pc.connectionState in ("failed", "closed") and self.peers.get(pc_id) is peer:
                 await self.close_peer(pc_id)
 
-        asyncio.get_running_loop().call_later(self.connect_timeout, self._drop_if_unconnected, pc_id, pc)
+        peer.connect_timer = asyncio.get_running_loop().call_later(
+            self.connect_timeout, self._drop_if_unconnected, pc_id, pc)
         return peer
+
+    def _send_event(self, peer: Peer, channel, event: dict) -> None:
+        """Send one event on ``channel``; one that cannot go (too large for the peer, channel
+        failing) is dropped and counted, never raised into the caller (the track's frame loop)."""
+        if channel is None or channel.readyState != "open":
+            return
+        text = encode_event(event, peer.max_event_bytes)
+        if text is None:
+            self.metrics.events_dropped.labels("too_large").inc()
+            kind = str(event.get("type"))
+            if kind not in peer.refused_kinds:  # say so once per event type, if even that fits
+                peer.refused_kinds.add(kind)
+                log.warning("peer %s: %s events exceed its max-message-size (%d bytes); dropped",
+                            peer.pc_id, kind, peer.max_event_bytes)
+                notice = encode_event({"type": "error", "code": "event_too_large",
+                                       "message": f"{kind} events do not fit your max-message-size"}, peer.max_event_bytes)
+                if notice is not None:
+                    self._send_text(peer, channel, notice)
+            return
+        self._send_text(peer, channel, text)
+
+    def _send_text(self, peer: Peer, channel, text: str) -> None:
+        try:
+            channel.send(text)
+        except Exception as exc:  # aiortc raises ValueError, InvalidStateError, ... mid-close
+            self.metrics.events_dropped.labels("send_failed").inc()
+            log.info("peer %s: an event could not be sent: %s", peer.pc_id, exc)
 
     async def _answer(self, peer: Peer, sdp: str) -> dict:
         try:
@@ -179,16 +301,17 @@ class Worker:
             await peer.pc.setLocalDescription(await peer.pc.createAnswer())
         except Exception as exc:  # aiortc raises ValueError, AssertionError, ... on bad SDP
             raise HTTPError(400, "bad_sdp", f"the offer could not be used: {exc or type(exc).__name__}") from None
+        peer.max_event_bytes = _max_event_bytes(sdp)
         return {"sdp": peer.pc.localDescription.sdp, "type": peer.pc.localDescription.type, "pc_id": peer.pc_id}
 
-    async def add_candidates(self, body: dict) -> None:
-        """Add trickled ICE candidates (``PATCH /api/offer``).
+    async def add_candidates(self, body: dict, client: str = "local") -> None:
+        """Add trickled ICE candidates (``PATCH /api/offer``) to a peer of ``client``.
 
         Raises:
-            HTTPError: 400 for a malformed body, 404 for an unknown ``pc_id``.
+            HTTPError: 400 for a malformed body, 404 for an unknown ``pc_id`` (or another client's).
         """
         peer = self.peers.get(body.get("pc_id")) if isinstance(body.get("pc_id"), str) else None
-        if peer is None:
+        if peer is None or peer.owner != client:
             raise HTTPError(404, "unknown_pc", "no peer connection with that pc_id")
         candidates = body.get("candidates")
         if not isinstance(candidates, list):
@@ -220,8 +343,37 @@ class Worker:
 
     @staticmethod
     async def _release(peer: Peer) -> None:
-        await peer.session.close()
-        await peer.pc.close()
+        """Close the session and the connection and drop every reference to them now (not
+        when the connect timer fires: a closed connection must not outlive its close)."""
+        peer.release()
+        if peer.connect_timer is not None:
+            peer.connect_timer.cancel()
+            peer.connect_timer = None
+        try:
+            await peer.session.close()
+        finally:
+            await peer.pc.close()
+            peer.pc.remove_all_listeners()  # the handlers close over the peer: break the cycle
+            for channel in peer.channels:
+                channel.remove_all_listeners()
+            peer.channels.clear()
+            peer.channel = None
+
+    async def drain(self, timeout: float) -> bool:
+        """Stop taking sessions and turns; wait up to ``timeout`` s for speaking turns to finish.
+
+        Returns:
+            True when every turn finished in time (the caller closes the worker afterwards).
+        """
+        self.draining = True
+        self.metrics.draining.set(1)
+        for session in self.sessions():
+            session.drain()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while any(s.busy for s in self.sessions()) and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        return not any(s.busy for s in self.sessions())
 
     async def close(self) -> None:
         """Close every peer, then the engines."""
@@ -230,18 +382,30 @@ class Worker:
             await engine.close()
 
 
+def _nothing() -> None:
+    """A release function with nothing left to release."""
+
+
+def _max_event_bytes(sdp: str) -> int:
+    """Our 16 KiB cap, or less when the peer's SDP says so (``a=max-message-size``,
+    RFC 8841 §6: absent means 64 KiB, 0 means any size)."""
+    sizes = [int(m) for m in re.findall(r"^a=max-message-size:\s*(\d+)", sdp, flags=re.MULTILINE)]
+    return min([MAX_MESSAGE_BYTES, *(n for n in sizes if n > 0)])
+
+
 # -- HTTP layer --------------------------------------------------------------------------
-def _error_response(status: int, code: str, message: str) -> web.Response:
-    return web.json_response({"error": {"code": code, "message": message}}, status=status)
+def _error_response(status: int, code: str, message: str, retry_after: int | None = None) -> web.Response:
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+    return web.json_response({"error": {"code": code, "message": message}}, status=status, headers=headers)
 
 
 @web.middleware
 async def _json_errors(request: web.Request, handler):
     try:
         return await handler(request)
-    except HTTPError as exc:
+    except (HTTPError, AuthError, LimitExceeded) as exc:
         request.app[WORKER_KEY].metrics.errors.labels(exc.code).inc()
-        return _error_response(exc.status, exc.code, exc.message)
+        return _error_response(exc.status, exc.code, exc.message, getattr(exc, "retry_after", None))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -269,18 +433,37 @@ async def _json_body(request: web.Request) -> dict:
 
 
 async def _offer(request: web.Request) -> web.Response:
-    return web.json_response(await request.app[WORKER_KEY].offer(await _json_body(request)))
+    worker = request.app[WORKER_KEY]
+    grant = worker.authorize(request)
+    body = await _json_body(request)
+    return web.json_response(await worker.offer(body, worker.client_of(request, grant), grant))
 
 
 async def _patch_offer(request: web.Request) -> web.Response:
-    await request.app[WORKER_KEY].add_candidates(await _json_body(request))
+    worker = request.app[WORKER_KEY]
+    grant = worker.authorize(request)
+    await worker.add_candidates(await _json_body(request), worker.client_of(request, grant))
     return web.json_response({"status": "success"})
 
 
 async def _healthz(request: web.Request) -> web.Response:
+    """Readiness: may this worker take a new session now?"""
     worker = request.app[WORKER_KEY]
-    body = {"status": "ready" if worker.ready else "starting", "engines": list(worker.engines), "sessions": len(worker.peers)}
-    return web.json_response(body, status=200 if worker.ready else 503)
+    status, headers = "ready", None
+    if worker.draining:
+        status = "draining"
+    elif not worker.ready:
+        status = "starting"
+    elif worker.admission.full:
+        status, headers = "full", {"Retry-After": str(RETRY_WHEN_FULL_S)}
+    body = {"status": status, "engines": list(worker.engines), "sessions": worker.admission.total,
+            "max_sessions": worker.limits.max_sessions, "auth": worker.auth is not None}
+    return web.json_response(body, status=200 if status == "ready" else 503, headers=headers)
+
+
+async def _livez(request: web.Request) -> web.Response:
+    """Liveness: the process serves requests (also while starting, full or draining)."""
+    return web.json_response({"status": "alive"})
 
 
 async def _metrics(request: web.Request) -> web.Response:
@@ -299,6 +482,20 @@ def _ice_ufrag(sdp: str) -> str | None:
     return None
 
 
+class AccessLogger(AbstractAccessLogger):
+    """One ``aiohttp.access`` line per request: method, path (never the query: it may hold a
+    token), status, bytes, time. Probe endpoints (``/healthz``, ``/livez``, ``/metrics``) log at
+    debug, so a load balancer polling every second does not fill the log at info."""
+
+    PROBES = frozenset({"/healthz", "/livez", "/metrics"})
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        level = logging.DEBUG if request.path in self.PROBES else logging.INFO
+        if self.logger.isEnabledFor(level):
+            self.logger.log(level, "%s %s %s %d %d %.1fms", request.remote, request.method, request.path,
+                            response.status, response.body_length, 1000.0 * time)
+
+
 def create_app(worker: Worker) -> web.Application:
     """The aiohttp application for ``worker``; engines load in the background at start-up."""
     app = web.Application(middlewares=[_json_errors], client_max_size=256 * 1024)
@@ -306,6 +503,7 @@ def create_app(worker: Worker) -> web.Application:
     app.router.add_post("/api/offer", _offer)
     app.router.add_patch("/api/offer", _patch_offer)
     app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/livez", _livez)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/", _index)
     app.router.add_static("/static/", path=str(files("myna.web")), show_index=False)

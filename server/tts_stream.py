@@ -18,7 +18,9 @@ Follow one connection:
    turn gets ``turn_done`` with ``"interrupted": true``.
 
 Bad input (bad JSON, a text message over 16 KiB, binary input, an unknown engine or voice, a
-late ``config``) gets an ``error`` event and the connection stays open. Messages over
+late ``config``, messages over the rate cap) gets an ``error`` event and the connection stays
+open. No outgoing message is over 16 KiB (PCM goes out in pieces of at most 16 KiB). Opening the connection passes the worker's token check
+and session limits (``?access_token=`` is accepted as well as the header). Messages over
 :data:`MAX_FRAME_BYTES` close the connection (WebSocket close code 1009). A client that
 disconnects mid-turn has its turns cancelled and the engine streams released.
 """
@@ -26,7 +28,6 @@ disconnects mid-turn has its turns cancelled and the engine streams released.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections import deque
@@ -39,7 +40,9 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from myna.audio.onset import first_audible_sample
 from myna.audio.playout import Gaps
 from myna.engines import Engine
-from myna.rtc.session import BadMessage, Session, parse_message
+from myna.rtc.session import MAX_MESSAGE_BYTES, BadMessage, Session, encode_event, parse_message, quote_input
+from myna.server.auth import AuthError, Grant
+from myna.server.limits import Limits, MessageRate
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +80,11 @@ class Outbox:
         self._task = asyncio.get_running_loop().create_task(self._write())
 
     def put_event(self, event: dict) -> None:
-        self._items.append(json.dumps(event))
+        text = encode_event(event)
+        if text is None:  # a word or turn_id that large is refused on input; say so rather than drop silently
+            log.error("tts stream: a %s event does not fit in a message; dropped", event.get("type"))
+            return
+        self._items.append(text)
         self._wake.set()
 
     def put_audio(self, pcm: bytes) -> None:
@@ -92,8 +99,8 @@ class Outbox:
             self.put_event({"type": "error", "code": "slow_consumer",
                             "message": f"over {self._max_audio_bytes // 2**20} MiB of audio unread; closing"})
             self._items.append(_CLOSE)
-        else:
-            self._items.append(pcm)
+        else:  # in messages of at most 16 KiB (an even size: whole samples), like every other
+            self._items.extend(pcm[i : i + MAX_MESSAGE_BYTES] for i in range(0, len(pcm), MAX_MESSAGE_BYTES))
         self._wake.set()
 
     def drop_audio(self) -> None:
@@ -320,12 +327,20 @@ class StreamConnection:
         engines: the worker's loaded engines by name (the first is the default).
         metrics: the worker's metrics.
         ws: the prepared WebSocket.
+        limits: the worker's limits (message rate, turn caps); None: none.
+        grant: the client's token grant (engines it may use); None: any engine.
+        draining: tells whether the worker is draining (the session then refuses new turns).
     """
 
-    def __init__(self, engines: dict[str, Engine], metrics, ws: web.WebSocketResponse):
+    def __init__(self, engines: dict[str, Engine], metrics, ws: web.WebSocketResponse, limits: Limits | None = None,
+                 grant: Grant | None = None, draining: Callable[[], bool] = lambda: False):
         self._engines = engines
         self._metrics = metrics
         self._ws = ws
+        self._limits = limits or Limits.off()
+        self._grant = grant
+        self._draining = draining
+        self._rate = MessageRate(self._limits.message_rate, self._limits.message_burst)
         self.engine = next(iter(engines.values()))
         self.voice: str | None = None
         self.sample_rate = self.engine.sample_rate
@@ -339,12 +354,19 @@ class StreamConnection:
             "engine": self.engine.name,
             "voice": self.voice,
             "sample_rate": self.sample_rate,
+            "scripts": sorted(self.engine.scripts),
         }
 
     async def run(self) -> None:
         """Serve the connection until the client closes it."""
         self.outbox.put_event(self.ready_event())
         async for msg in self._ws:
+            if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
+                allowed, report = self._rate.allow()
+                if not allowed:
+                    if report:
+                        self._error("rate_limited", self._rate.message)
+                    continue
             if msg.type == WSMsgType.TEXT:
                 self.handle_text(msg.data)
             elif msg.type == WSMsgType.BINARY:
@@ -363,10 +385,19 @@ class StreamConnection:
             self._configure(msg)
             return
         if self.session is None:
+            try:
+                if self._grant is not None:
+                    self._grant.check_engine(self.engine.name)
+            except AuthError as exc:
+                self._error(exc.code, f"{exc.message}; choose another with config")
+                return
             output = StreamOutput(self.outbox, self.sample_rate, chunks_end_at_words=self.engine.chunks_end_at_words)
             self.session = Session(
-                engine=self.engine, send=output.announce, metrics=self._metrics, voice=self.voice, output=output.bind
+                engine=self.engine, send=output.announce, metrics=self._metrics, voice=self.voice, output=output.bind,
+                max_turn_chars=self._limits.max_turn_chars, max_queued_turns=self._limits.max_queued_turns,
             )
+            if self._draining():
+                self.session.drain()
         self.session.handle_message(raw)
 
     def _configure(self, msg: dict) -> None:
@@ -380,12 +411,18 @@ class StreamConnection:
             return
         if name is not None:
             if name not in self._engines:
-                self._error("unknown_engine", f"unknown engine {name!r}; loaded: {', '.join(self._engines)}")
+                self._error("unknown_engine", f"unknown engine {quote_input(name)}; loaded: {', '.join(self._engines)}")
                 return
+            if self._grant is not None:
+                try:
+                    self._grant.check_engine(name)
+                except AuthError as exc:
+                    self._error(exc.code, exc.message)
+                    return
             engine = self._engines[name]
         voice = msg.get("voice")
         if voice is not None and voice not in engine.voices:
-            self._error("unknown_voice", f"{engine.name} has no voice {voice!r}; available: {engine.voices}")
+            self._error("unknown_voice", f"{engine.name} has no voice {quote_input(voice)}; available: {engine.voices}")
             return
         rate = msg.get("sample_rate")
         if rate is None:
@@ -417,20 +454,24 @@ def add_tts_stream(app: web.Application, worker) -> None:
     app[_CONNECTIONS] = connections
 
     async def handle(request: web.Request) -> web.StreamResponse:
-        from myna.server.app import HTTPError
-
-        if not worker.ready:
-            raise HTTPError(503, "not_ready", "the worker is still loading its engines")
-        ws = web.WebSocketResponse(max_msg_size=MAX_FRAME_BYTES)
-        await ws.prepare(request)
-        connections.add(ws)
-        connection = StreamConnection(worker.engines, worker.metrics, ws)
+        grant = worker.authorize(request, query_token=True)
+        release = worker.admit(worker.client_of(request, grant), grant)
         try:
-            await connection.run()
+            ws = web.WebSocketResponse(max_msg_size=MAX_FRAME_BYTES)
+            await ws.prepare(request)
+            connections.add(ws)
+            connection = StreamConnection(worker.engines, worker.metrics, ws, worker.limits, grant,
+                                          draining=lambda: worker.draining)
+            worker.streams.add(connection)
+            try:
+                await connection.run()
+            finally:
+                connections.discard(ws)
+                worker.streams.discard(connection)
+                await connection.close()
+                await ws.close()
         finally:
-            connections.discard(ws)
-            await connection.close()
-            await ws.close()
+            release()
         return ws
 
     async def close_all(app: web.Application) -> None:

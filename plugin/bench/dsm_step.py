@@ -147,32 +147,33 @@ def available_bytes(device) -> int:
 
 
 def ours_steps(lm, mimi, cfg, B: int, device):
-    """Our three timed callables for batch B (fresh state, random conditions): kind → fn()."""
+    """Our three timed callables for batch B (fresh state, random conditions): kind → fn(). The
+    steps are :class:`myna.dsm.frame.FrameStep` with sampling, their noise drawn on the device."""
     import torch
 
-    from myna.dsm.frame import FrameState, step_commit, step_depformer, step_text
-    from myna.dsm.sampling import sample_token
+    from myna.dsm.frame import FrameState, FrameStep, Sampling
 
     cross_len = cfg.max_speakers * 125 if cfg.cross_attention else 0
-    fs = FrameState(lm, B, cross_len)
+    fs = FrameState.new(lm, B, cross_len)
     cond_sum = torch.randn(B, 1, cfg.dim, device=device)
     cross = torch.randn(B, cross_len, cfg.dim, device=device) if cross_len else None
     lm.set_conditions(fs.temporal, slice(None), cond_sum, cross)
+    step = FrameStep(lm, fs, Sampling(temperature=0.6, top_k_text=25, top_k_audio=250))
     mstate = mimi.new_state(B)
     codes = torch.randint(0, cfg.card, (B, cfg.n_q, 1), device=device)
 
     @torch.no_grad()
     def text_step():
-        h, logits = step_text(lm, fs)
-        text = sample_token(logits, 0.6, 25)
-        step_commit(lm, fs, text, None, cfg.delay_steps)
+        step.text_noise.exponential_()
+        step.text_in.copy_(step.text())
+        step.commit()
 
     @torch.no_grad()
     def full_step():
-        h, logits = step_text(lm, fs)
-        text = sample_token(logits, 0.6, 25)
-        audio = step_depformer(lm, fs, text, h, temperature=0.6, top_k=250)
-        step_commit(lm, fs, text, audio, cfg.delay_steps)
+        step.text_noise.exponential_()
+        step.text_in.copy_(step.text())
+        step.audio_noise.exponential_()
+        step.audio()
 
     @torch.no_grad()
     def mimi_frame():

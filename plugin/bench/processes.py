@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from pathlib import Path
 
 
 def free_port() -> int:
@@ -32,21 +33,23 @@ class Server:
         name: what to call it in errors.
         timeout: seconds to wait for ``/healthz`` to answer 200.
         log_path: where its output goes (default: a new temporary file).
+        env: added to its environment.
 
     Raises:
         SystemExit: the server exited or did not become ready (the log's tail is in the message).
     """
 
-    def __init__(self, argv: list[str], name: str, timeout: float = 180.0, log_path: str | None = None):
+    def __init__(self, argv: list[str], name: str, timeout: float = 180.0, log_path: str | None = None,
+                 env: dict[str, str] | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         if log_path is None:
             with tempfile.NamedTemporaryFile(prefix=f"myna-bench-{name}-", suffix=".log", delete=False) as f:
                 log_path = f.name
-        self.log_path = log_path
+        self.log_path = Path(log_path)
         with open(log_path, "w") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", *argv, "--port", str(self.port)], stdout=log,
-                                         stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                         stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and self.proc.poll() is None:
             try:

@@ -62,8 +62,9 @@ PEER_QUIET_TAIL_S = 0.6
 def add_parser(subparsers) -> None:
     """Register ``ttfa`` on the ``myna bench`` sub-command parser."""
     p = subparsers.add_parser("ttfa", help="headless latency race: perceived TTFA, gaps and RTF per system and concurrency",
-                              description=__doc__.split("\n\n")[0])
-    p.add_argument("--server", metavar="URL", help="a running worker (default: start one on 127.0.0.1)")
+                              description=__doc__.split("\n\n")[0].replace("``", ""))
+    p.add_argument("--server", metavar="URL", help="a running worker (default: start one on 127.0.0.1); "
+                   "RTF then shows as —: only a worker started here reports its engines' busy time")
     p.add_argument("--engines", "--engine", dest="engines", default=DEFAULT_ENGINES,
                    help="comma-separated engines (strategies) to race (default: %(default)s)")
     p.add_argument("--concurrency", default="1,4", help="comma-separated session counts (default: %(default)s)")
@@ -86,6 +87,11 @@ def add_parser(subparsers) -> None:
                    help="whole-reply syntheses for the non-streaming baseline, 0 to skip (default: %(default)s)")
     p.add_argument("--json", metavar="OUT", help="write the figures as JSON")
     p.add_argument("--plot", metavar="OUT.png", help="plot TTFA and RTF against concurrency (needs matplotlib)")
+    p.add_argument("--transport", choices=["webrtc", "livekit"], default="webrtc",
+                   help="livekit: through a LiveKit room beside the direct path, same run (myna.room.bench)")
+    from myna.room.bench import add_arguments as add_livekit_arguments
+
+    add_livekit_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -121,6 +127,10 @@ class Plan:
 
 def run(args: argparse.Namespace) -> int:
     plan = Plan.from_args(args)
+    if args.transport == "livekit":  # one text at one rate, through a room and direct
+        from myna.room import bench
+
+        return bench.run(argparse.Namespace(**{**vars(args), "text": plan.texts[0], "token_rate": plan.rates[0]}))
     if args.plot:
         _require_matplotlib()
     compares = [_label_url(c) for c in args.compare]

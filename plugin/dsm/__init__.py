@@ -2,13 +2,14 @@
 
 - :func:`load` reads a released checkpoint (``kyutai/tts-1.6b-en_fr`` layout) into a :class:`DSMTTS`;
 - :meth:`DSMTTS.synthesize` turns text and a voice into 24 kHz PCM;
-- :mod:`myna.dsm.frame` holds the batched per-step functions the streaming frame loop is built on;
+- :mod:`myna.dsm.frame` holds the batched frame step that ``synthesize`` and the streaming frame
+  loop (:mod:`myna.dsm.loop`) both run;
 - :func:`build_tiny_checkpoint` writes a tiny random checkpoint in the released layout.
 
 Modules: ``config`` (sizes and presets), ``checkpoint`` (loading), ``layers`` (norms, RoPE, FFN,
-ring KV cache), ``lm`` (embeddings, temporal transformer), ``depformer``, ``conditioners``,
-``voice``, ``sampling``, ``state_machine`` (text side), ``frame`` (one step), ``mimi`` (decoder),
-``tts`` (synthesis), ``tiny``.
+attention, ring KV cache), ``lm`` (embeddings, temporal transformer), ``depformer``,
+``conditioners``, ``voice``, ``sampling``, ``state_machine`` (text side), ``frame`` (one step),
+``mimi`` (decoder), ``tts`` (synthesis), ``loop`` (the batched frame loop), ``tiny``.
 """
 
 from .config import DSMConfig, MimiConfig

@@ -237,11 +237,13 @@ def _warn_unused(reader: _Reader, used: set[str], ignored: re.Pattern) -> None:
         log.warning("%s: %d unused tensors, e.g. %s", reader.path.name, len(unused), unused[:5])
 
 
-def save_lm(model: nn.Module, path: Path, fused: bool = False) -> None:
-    """Write a :class:`DSMLM` state dict in the released layout (split or fused attention names)."""
+def save_lm(model: nn.Module, path: Path, fused: bool = False, extra: dict[str, torch.Tensor] | None = None) -> None:
+    """Write a :class:`DSMLM` state dict in the released layout (split or fused attention names),
+    with ``extra`` tensors a released file holds beside it, in one write."""
     from safetensors.torch import save_file
 
     sd = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    sd.update(extra or {})
     if fused:
         groups: dict[str, list[tuple[int, torch.Tensor]]] = {}
         for k in list(sd):

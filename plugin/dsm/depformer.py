@@ -12,17 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .layers import GatedFFN, RMSNorm, attention, merge_heads, split_heads
-
-
-class SlotAttention(nn.Module):
-    """Self-attention with one (in, out) projection pair per weight slot. ``in_projs.S``: [3·dim, dim]
-    (rows q; k; v, head-major), ``out_projs.S``: [dim, dim]."""
-
-    def __init__(self, dim: int, n_slots: int):
-        super().__init__()
-        self.in_projs = nn.ModuleList([nn.Linear(dim, 3 * dim, bias=False) for _ in range(n_slots)])
-        self.out_projs = nn.ModuleList([nn.Linear(dim, dim, bias=False) for _ in range(n_slots)])
+from .layers import Attention, GatedFFN, RMSNorm, attention
 
 
 class DepformerLayer(nn.Module):
@@ -30,33 +20,30 @@ class DepformerLayer(nn.Module):
 
     def __init__(self, dim: int, n_heads: int, hidden: int, n_slots: int, eps: float):
         super().__init__()
-        self.n_heads = n_heads
         self.norm1 = RMSNorm(dim, eps)
         self.norm2 = RMSNorm(dim, eps)
-        self.self_attn = SlotAttention(dim, n_slots)
+        self.self_attn = Attention(dim, n_heads, n_slots)
         self.gating = nn.ModuleList([GatedFFN(dim, hidden) for _ in range(n_slots)])
 
     def step(self, x: torch.Tensor, k: int, slot: int, cache: torch.Tensor) -> torch.Tensor:
         """Codebook ``k`` of the frame: x [B, 1, dim]; cache [2, B, H, dep_q, Dh] is written at
         index k and read over 0..k (k is the unrolled loop index, static for a graph)."""
-        h = self.norm1(x)
-        qkv = self.self_attn.in_projs[slot](h)
-        q, kk, v = (split_heads(t, self.n_heads) for t in qkv.chunk(3, dim=-1))
+        q, kk, v = self.self_attn.qkv(self.norm1(x), slot)
         cache[0, :, :, k:k + 1] = kk
         cache[1, :, :, k:k + 1] = v
         a = attention(q, cache[0, :, :, :k + 1], cache[1, :, :, :k + 1], None)
-        x = x + self.self_attn.out_projs[slot](merge_heads(a))
+        x = x + self.self_attn.project_out(a, slot)
         return x + self.gating[slot](self.norm2(x))
 
     def forward(self, x: torch.Tensor, schedule: list[int]) -> torch.Tensor:
         """All codebooks at once (teacher forcing): x [N, K, dim], causal over the K codebooks."""
         N, K, _ = x.shape
         h = self.norm1(x)
-        qkv = torch.cat([self.self_attn.in_projs[schedule[i]](h[:, i:i + 1]) for i in range(K)], dim=1)
-        q, kk, v = (split_heads(t, self.n_heads) for t in qkv.chunk(3, dim=-1))
+        parts = [self.self_attn.qkv(h[:, i:i + 1], schedule[i]) for i in range(K)]
+        q, kk, v = (torch.cat([p[j] for p in parts], dim=2) for j in range(3))
         causal = torch.ones(K, K, dtype=torch.bool, device=x.device).tril()
-        a = merge_heads(attention(q, kk, v, causal))
-        x = x + torch.cat([self.self_attn.out_projs[schedule[i]](a[:, i:i + 1]) for i in range(K)], dim=1)
+        a = attention(q, kk, v, causal)
+        x = x + torch.cat([self.self_attn.project_out(a[:, :, i:i + 1], schedule[i]) for i in range(K)], dim=1)
         h = self.norm2(x)
         return x + torch.cat([self.gating[schedule[i]](h[:, i:i + 1]) for i in range(K)], dim=1)
 

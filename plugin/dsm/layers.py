@@ -1,6 +1,6 @@
 """Building blocks shared by the temporal transformer, the depformer and Mimi's transformer:
-fp32 RMSNorm, interleaved RoPE, the gated SiLU feed-forward, masked attention, and the
-preallocated ring KV cache (dsm_spec §2.4, §4, §5, §7.1–7.4).
+fp32 RMSNorm, interleaved RoPE, the gated SiLU feed-forward, the attention module, and the
+preallocated ring KV cache with its shared positions (dsm_spec §2.4, §4, §5, §7.1–7.4).
 
 Nothing here branches on Python ints that change from step to step: positions live in tensors,
 so a step is capturable as a CUDA graph.
@@ -96,43 +96,147 @@ def positional_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, context: int | Non
     return mask[:, None]
 
 
-class RingKVCache(nn.Module):
-    """Preallocated ring KV cache (§5): buffers ``k``, ``v`` [B, H, capacity, D] and the absolute
-    position held by every entry, ``positions`` int64 [B, capacity] (−1 = empty).
-
-    :meth:`write` scatters T new entries at ``position % capacity`` in place; positions come as a
-    tensor, so the write is graph-capturable. Entries of frozen slots (``exec_mask`` false) are
-    written with position −1 so they are never attended to, and their next real step overwrites them.
-    """
-
-    def __init__(self, batch_size: int, n_heads: int, capacity: int, head_dim: int,
-                 device: torch.device | str | None = None, dtype: torch.dtype = torch.float32):
-        super().__init__()
-        self.capacity = capacity
-        shape = (batch_size, n_heads, capacity, head_dim)
-        self.register_buffer("k", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
-        self.register_buffer("v", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
-        self.register_buffer("positions", torch.full((batch_size, capacity), -1, device=device,
-                                                     dtype=torch.long), persistent=False)
-
-    def write(self, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
-              exec_mask: torch.Tensor | None = None) -> None:
-        """Store k, v [B, H, T, D] at absolute positions pos [B, T] (T ≤ capacity)."""
-        B, H, T, D = k.shape
-        idx = pos % self.capacity
-        idx4 = idx[:, None, :, None].expand(B, H, T, D)
-        self.k.scatter_(2, idx4, k.to(self.k.dtype))
-        self.v.scatter_(2, idx4, v.to(self.v.dtype))
-        if exec_mask is not None:
-            pos = torch.where(exec_mask[:, None], pos, torch.full_like(pos, -1))
-        self.positions.scatter_(1, idx, pos)
-
-    def reset(self, mask: torch.Tensor) -> None:
-        """Empty the cache of the slots where ``mask`` (bool [B]) is true."""
-        self.positions.masked_fill_(mask[:, None], -1)
-
-
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               mask: torch.Tensor | None) -> torch.Tensor:
     """Scaled dot-product attention, q [B, H, T, D], k/v [B, H, S, D], bool mask [B, 1, T, S]."""
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+#: Ring buffers are allocated to a multiple of this many entries: CUDA's memory-efficient
+#: attention pads a mask whose last dimension is not aligned, in every layer of every step.
+MASK_ALIGN = 16
+
+
+class RingPositions:
+    """The absolute position held by every entry of the ring KV caches of one state (§5), shared
+    by all their layers, so the attention mask is built once per step.
+
+    ``positions`` int64 [B, L] (−1 = empty), where the ring holds ``capacity`` entries and L is
+    ``capacity`` rounded up to :data:`MASK_ALIGN`: entries past ``capacity`` stay empty, so the
+    ring behaves exactly as one of ``capacity`` entries (as the reference's, §5) while the mask is
+    aligned. ``context`` is the attention window (queries see keys with 0 ≤ q − k < context).
+    """
+
+    def __init__(self, positions: torch.Tensor, capacity: int, context: int | None):
+        self.positions, self.capacity, self.context = positions, capacity, context
+
+    @classmethod
+    def empty(cls, batch_size: int, capacity: int, context: int | None,
+              device: torch.device | str | None = None) -> "RingPositions":
+        length = -(-capacity // MASK_ALIGN) * MASK_ALIGN
+        return cls(torch.full((batch_size, length), -1, dtype=torch.long, device=device), capacity, context)
+
+    def index(self, pos: torch.Tensor) -> torch.Tensor:
+        """Ring index of absolute positions pos int64 [B, T]."""
+        return pos % self.capacity
+
+    def advance(self, pos: torch.Tensor, exec_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Record T new entries at absolute positions pos int64 [B, T] (T ≤ capacity) and return the
+        attention mask of those queries over the ring, bool [B, 1, T, L]. Entries of frozen slots
+        (``exec_mask`` bool [B] false) are recorded as empty, so nothing ever attends to them and
+        their next real step overwrites them (positions do not advance for a frozen slot)."""
+        if exec_mask is not None:
+            recorded = torch.where(exec_mask[:, None], pos, torch.full_like(pos, -1))
+        else:
+            recorded = pos
+        self.positions.scatter_(1, self.index(pos), recorded)
+        return positional_mask(pos, self.positions, self.context)
+
+    def reset(self, mask: torch.Tensor) -> None:
+        """Empty the slots where ``mask`` (bool [B]) is true."""
+        self.positions.masked_fill_(mask[:, None], -1)
+
+    def narrow(self, n: int) -> "RingPositions":
+        """The first n slots, sharing storage."""
+        return RingPositions(self.positions[:n], self.capacity, self.context)
+
+
+class RingKVCache:
+    """Preallocated ring KV cache of one attention layer (§5): ``k``, ``v`` [B, H, L, D], indexed
+    by the shared :class:`RingPositions` ``ring``. Writes scatter in place at positions given as a
+    tensor, so a step that writes is graph-capturable."""
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, ring: RingPositions):
+        self.k, self.v, self.ring = k, v, ring
+
+    @classmethod
+    def empty(cls, ring: RingPositions, n_heads: int, head_dim: int, device: torch.device | str | None = None,
+              dtype: torch.dtype = torch.float32) -> "RingKVCache":
+        B, L = ring.positions.shape
+        shape = (B, n_heads, L, head_dim)
+        return cls(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype),
+                   ring)
+
+    def write(self, k: torch.Tensor, v: torch.Tensor,
+              pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Store k, v [B, H, T, D] at absolute positions pos int64 [B, T]; return the whole cache:
+        (k, v [B, H, L, D], positions int64 [B, L]) (positions as recorded by ``ring.advance``)."""
+        B, H, T, D = k.shape
+        idx = self.ring.index(pos)[:, None, :, None].expand(B, H, T, D)
+        self.k.scatter_(2, idx, k.to(self.k.dtype))
+        self.v.scatter_(2, idx, v.to(self.v.dtype))
+        return self.k, self.v, self.ring.positions
+
+    def reset(self, mask: torch.Tensor) -> None:
+        """Zero the keys and values of the slots where ``mask`` (bool [B]) is true. Their entries
+        are masked anyway, but a masked value still enters attention as 0 · value: a NaN left by
+        an earlier turn (CUDA's memory-efficient attention gives NaN rows where every key is
+        masked, pytorch#110213) would otherwise reach the next turn of the slot."""
+        self.k.masked_fill_(mask[:, None, None, None], 0.0)
+        self.v.masked_fill_(mask[:, None, None, None], 0.0)
+
+    def narrow(self, n: int, ring: RingPositions) -> "RingKVCache":
+        """The first n slots, sharing storage, indexed by ``ring`` (the narrowed shared ring)."""
+        return RingKVCache(self.k[:n], self.v[:n], ring)
+
+
+class Attention(nn.Module):
+    """Multi-head attention with the checkpoint's projections: ``in_projs.S`` [3·dim, dim] (rows
+    q; k; v, head-major) and ``out_projs.S`` [dim, dim], no biases, for ``n_slots`` weight slots
+    (one, except in the depformer, §7.5). One class for the temporal transformer (self- and
+    cross-attention), the depformer and Mimi's transformer.
+
+    ``max_period``: interleaved RoPE on q and k at absolute positions (§7.2); None for none.
+    """
+
+    def __init__(self, dim: int, n_heads: int, n_slots: int = 1, max_period: float | None = None):
+        super().__init__()
+        self.n_heads, self.max_period = n_heads, max_period
+        self.in_projs = nn.ModuleList([nn.Linear(dim, 3 * dim, bias=False) for _ in range(n_slots)])
+        self.out_projs = nn.ModuleList([nn.Linear(dim, dim, bias=False) for _ in range(n_slots)])
+
+    def qkv(self, x: torch.Tensor, slot: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Projections of x [B, T, dim] with weight slot ``slot``: q, k, v [B, H, T, Dh]."""
+        qkv = self.in_projs[slot](x)
+        q, k, v = (split_heads(t, self.n_heads) for t in qkv.chunk(3, dim=-1))
+        return q, k, v
+
+    def project_out(self, a: torch.Tensor, slot: int = 0) -> torch.Tensor:
+        """Attention output a [B, H, T, Dh] → [B, T, dim]."""
+        return self.out_projs[slot](merge_heads(a))
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor,
+                cache: RingKVCache | None = None) -> torch.Tensor:
+        """Self-attention of x [B, T, dim] at absolute positions pos int64 [B, T] under ``mask``
+        (bool [B, 1, T, S]). With a cache, the new keys and values are written to it and attention
+        reads the whole ring (S = its length); without, it reads x itself (S = T)."""
+        q, k, v = self.qkv(x)
+        if self.max_period is not None:
+            q, k = apply_rope(q, k, pos, self.max_period)
+        if cache is not None:
+            k, v, _ = cache.write(k, v, pos)
+        return self.project_out(attention(q, k, v, mask))
+
+    def cross_kv(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cross-attention keys and values of a source: src [B, S, dim] → k, v [B, H, S, Dh] (§3)."""
+        w = self.in_projs[0].weight
+        d = w.shape[0] // 3
+        k, v = F.linear(src, w[d:]).chunk(2, dim=-1)
+        return split_heads(k, self.n_heads), split_heads(v, self.n_heads)
+
+    def cross(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Cross-attention of x [B, T, dim] to precomputed k, v [B, H, S, Dh], unmasked (§3); q uses
+        the first third of ``in_projs.0``."""
+        w = self.in_projs[0].weight
+        q = split_heads(F.linear(x, w[: w.shape[0] // 3]), self.n_heads)
+        return self.project_out(attention(q, k, v, None))

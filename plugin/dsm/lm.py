@@ -11,6 +11,8 @@ on Python ints, so a step is capturable as a CUDA graph.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -18,8 +20,7 @@ from torch.nn import functional as F
 from .conditioners import ConditionProvider
 from .config import DSMConfig
 from .depformer import Depformer
-from .layers import (GatedFFN, RMSNorm, RingKVCache, apply_rope, attention, merge_heads,
-                     positional_mask, split_heads)
+from .layers import Attention, GatedFFN, RMSNorm, RingKVCache, RingPositions, positional_mask
 
 
 def embed(weight: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -68,60 +69,28 @@ class DemuxEmbedding(nn.Module):
         return torch.where(is_zero, zero, y)
 
 
-class Attention(nn.Module):
-    """Projections of one attention block: ``in_projs.0`` [3·dim, dim] (rows q; k; v), ``out_projs.0``."""
-
-    def __init__(self, dim: int):
-        super().__init__()
-        self.in_projs = nn.ModuleList([nn.Linear(dim, 3 * dim, bias=False)])
-        self.out_projs = nn.ModuleList([nn.Linear(dim, dim, bias=False)])
-
-
 class TemporalLayer(nn.Module):
     """Pre-norm layer: x += SA(RMS1(x)); x += CA(LN_cross(x), voice); x += FFN(RMS2(x)) (§2.4)."""
 
     def __init__(self, cfg: DSMConfig):
         super().__init__()
-        self.n_heads, self.context, self.max_period = cfg.num_heads, cfg.context, cfg.max_period
         self.norm1 = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.self_attn = Attention(cfg.dim)
+        self.self_attn = Attention(cfg.dim, cfg.num_heads, max_period=cfg.max_period)
         if cfg.cross_attention:
             self.norm_cross = nn.LayerNorm(cfg.dim, eps=1e-5)
-            self.cross_attention = Attention(cfg.dim)
+            self.cross_attention = Attention(cfg.dim, cfg.num_heads)
         self.norm2 = RMSNorm(cfg.dim, cfg.norm_eps)
         self.gating = GatedFFN(cfg.dim, cfg.ff_hidden)
         self.has_cross = cfg.cross_attention
 
-    def cross_kv(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Cross-attention keys and values of a voice: src [B, S, dim] → k, v [B, H, S, Dh] (§3)."""
-        w = self.cross_attention.in_projs[0].weight
-        d = w.shape[0] // 3
-        kv = F.linear(src, w[d:])
-        k, v = kv.chunk(2, dim=-1)
-        return split_heads(k, self.n_heads), split_heads(v, self.n_heads)
-
-    def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: RingKVCache | None,
-                cross: tuple[torch.Tensor, torch.Tensor] | None,
-                exec_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """x [B, T, dim], pos int64 [B, T] absolute positions. With a cache, the new keys are
-        written to it and attention reads the whole ring; without, attention is over x itself."""
-        h = self.norm1(x)
-        q, k, v = (split_heads(t, self.n_heads) for t in self.self_attn.in_projs[0](h).chunk(3, dim=-1))
-        q, k = apply_rope(q, k, pos, self.max_period)
-        if cache is None:
-            k_pos = pos
-        else:
-            cache.write(k, v, pos, exec_mask)
-            k, v, k_pos = cache.k, cache.v, cache.positions
-        a = attention(q, k, v, positional_mask(pos, k_pos, self.context))
-        x = x + self.self_attn.out_projs[0](merge_heads(a))
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, cache: RingKVCache | None,
+                cross: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        """x [B, T, dim], pos int64 [B, T] absolute positions, mask bool [B, 1, T, S] (see
+        :meth:`Attention.forward`); cross: the voice's keys and values (:meth:`Attention.cross_kv`)."""
+        x = x + self.self_attn(self.norm1(x), pos, mask, cache)
         if self.has_cross:
             assert cross is not None, "this model has cross-attention: a voice (cross source) is required"
-            h = self.norm_cross(x)
-            w = self.cross_attention.in_projs[0].weight
-            q = split_heads(F.linear(h, w[: w.shape[0] // 3]), self.n_heads)
-            a = attention(q, cross[0], cross[1], None)
-            x = x + self.cross_attention.out_projs[0](merge_heads(a))
+            x = x + self.cross_attention.cross(self.norm_cross(x), *cross)
         return x + self.gating(self.norm2(x))
 
 
@@ -133,38 +102,42 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList([TemporalLayer(cfg) for _ in range(cfg.num_layers)])
 
 
-class TemporalState(nn.Module):
-    """Streaming state of the temporal transformer for B slots (§5), created once per batch.
+@dataclass
+class TemporalState:
+    """Streaming state of the temporal transformer for B slots (§5), created once per batch by
+    :meth:`DSMLM.new_state` and updated in place.
 
-    Buffers: ``offset`` int64 [B] (next position), ``exec_mask`` bool [B] (false freezes a slot),
-    ``cond_sum`` [B, 1, dim] (LM dtype), ``cross_k``/``cross_v`` [L, B, H, S, Dh] (LM dtype), and one
-    :class:`RingKVCache` per layer. :meth:`reset` and :meth:`set_conditions` act on the slots
-    selected by a mask or index, in place.
+    ``offset`` int64 [B] (next position), ``exec_mask`` bool [B] (false freezes a slot),
+    ``cond_sum`` [B, 1, dim] (LM dtype), ``cross_k``/``cross_v`` [L, B, H, S, Dh] (LM dtype; S = 0
+    without cross-attention), ``ring`` (the positions shared by the caches) and one
+    :class:`RingKVCache` per layer.
     """
 
-    def __init__(self, cfg: DSMConfig, batch_size: int, device: torch.device | str, dtype: torch.dtype,
-                 cross_len: int = 0):
-        super().__init__()
-        self.batch_size = batch_size
-        self.caches = nn.ModuleList([
-            RingKVCache(batch_size, cfg.num_heads, cfg.context, cfg.head_dim, device, dtype)
-            for _ in range(cfg.num_layers)])
-        self.register_buffer("offset", torch.zeros(batch_size, dtype=torch.long, device=device), persistent=False)
-        self.register_buffer("exec_mask", torch.ones(batch_size, dtype=torch.bool, device=device), persistent=False)
-        self.register_buffer("cond_sum", torch.zeros(batch_size, 1, cfg.dim, device=device, dtype=dtype),
-                             persistent=False)
-        self.has_cross = cfg.cross_attention
-        if cfg.cross_attention:
-            shape = (cfg.num_layers, batch_size, cfg.num_heads, cross_len, cfg.head_dim)
-            self.register_buffer("cross_k", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
-            self.register_buffer("cross_v", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
+    offset: torch.Tensor
+    exec_mask: torch.Tensor
+    cond_sum: torch.Tensor
+    cross_k: torch.Tensor
+    cross_v: torch.Tensor
+    ring: RingPositions
+    caches: list[RingKVCache]
+
+    @property
+    def batch_size(self) -> int:
+        return self.offset.shape[0]
 
     def reset(self, mask: torch.Tensor) -> None:
-        """Restart the slots where ``mask`` (bool [B]) is true: position 0, empty caches, running."""
+        """Restart the slots where ``mask`` (bool [B]) is true: position 0, empty zeroed caches, running."""
         self.offset.masked_fill_(mask, 0)
         self.exec_mask.masked_fill_(mask, True)
+        self.ring.reset(mask)
         for cache in self.caches:
             cache.reset(mask)
+
+    def narrow(self, n: int) -> "TemporalState":
+        """The first n slots, sharing storage (in-place updates of the view update this state)."""
+        ring = self.ring.narrow(n)
+        return TemporalState(self.offset[:n], self.exec_mask[:n], self.cond_sum[:n], self.cross_k[:, :n],
+                             self.cross_v[:, :n], ring, [c.narrow(n, ring) for c in self.caches])
 
 
 class DSMLM(nn.Module):
@@ -217,7 +190,16 @@ class DSMLM(nn.Module):
     def new_state(self, batch_size: int, cross_len: int = 0) -> TemporalState:
         """A fresh :class:`TemporalState` for ``batch_size`` slots on this model's device/dtype.
         ``cross_len`` is the cross-attention source length (max_speakers·125 for 1.6b)."""
-        return TemporalState(self.cfg, batch_size, self.device, self.dtype, cross_len)
+        cfg, dev, dt = self.cfg, self.device, self.dtype
+        ring = RingPositions.empty(batch_size, cfg.context, cfg.context, dev)
+        caches = [RingKVCache.empty(ring, cfg.num_heads, cfg.head_dim, dev, dt) for _ in range(cfg.num_layers)]
+        cross_shape = (cfg.num_layers, batch_size, cfg.num_heads, cross_len if cfg.cross_attention else 0,
+                       cfg.head_dim)
+        return TemporalState(offset=torch.zeros(batch_size, dtype=torch.long, device=dev),
+                             exec_mask=torch.ones(batch_size, dtype=torch.bool, device=dev),
+                             cond_sum=torch.zeros(batch_size, 1, cfg.dim, device=dev, dtype=dt),
+                             cross_k=torch.zeros(cross_shape, device=dev, dtype=dt),
+                             cross_v=torch.zeros(cross_shape, device=dev, dtype=dt), ring=ring, caches=caches)
 
     @torch.no_grad()
     def set_conditions(self, state: TemporalState, index: torch.Tensor | slice,
@@ -231,7 +213,7 @@ class DSMLM(nn.Module):
                 raise ValueError("this model has cross-attention and needs a cross source (a voice)")
             src = cross.to(self.device, self.dtype)
             for i, layer in enumerate(self.transformer.layers):
-                k, v = layer.cross_kv(src)
+                k, v = layer.cross_attention.cross_kv(src)
                 state.cross_k[i, index] = k
                 state.cross_v[i, index] = v
 
@@ -244,9 +226,10 @@ class DSMLM(nn.Module):
         if self.condition_provider is not None and self.condition_provider.sum_names:
             x = x + state.cond_sum.to(x)
         pos = state.offset[:, None]
+        mask = state.ring.advance(pos, state.exec_mask)
         for i, layer in enumerate(self.transformer.layers):
-            cross = (state.cross_k[i], state.cross_v[i]) if state.has_cross else None
-            x = layer(x, pos, state.caches[i], cross, state.exec_mask)
+            cross = (state.cross_k[i], state.cross_v[i]) if layer.has_cross else None
+            x = layer(x, pos, mask, state.caches[i], cross)
         h = self.out_norm(x)
         logits = self.text_linear(h)[:, 0].float()
         state.offset.copy_(torch.where(state.exec_mask, state.offset + 1, state.offset))
@@ -261,10 +244,11 @@ class DSMLM(nn.Module):
         if cond_sum is not None:
             x = x + cond_sum.to(x)
         pos = torch.arange(T, device=tokens.device).expand(B, T)
+        mask = positional_mask(pos, pos, self.cfg.context)
         src = cross.to(x) if cross is not None else None
         for layer in self.transformer.layers:
-            kv = layer.cross_kv(src) if src is not None and layer.has_cross else None
-            x = layer(x, pos, None, kv)
+            kv = layer.cross_attention.cross_kv(src) if src is not None and layer.has_cross else None
+            x = layer(x, pos, mask, None, kv)
         h = self.out_norm(x)
         return h, self.text_linear(h).float()
 

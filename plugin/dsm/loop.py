@@ -6,23 +6,32 @@ state for ``max_batch`` slots). They join and leave between steps: joining reset
 caches and installs its conditions; a slot that cannot run this step (it waits for a word, or is
 too far ahead of real time) is frozen through the per-slot ``exec_mask``, which leaves its state
 exactly as it was. A step runs on the smallest *bucket* (a batch size from ``buckets``) that holds
-the highest busy slot, on views of the first ``bucket`` rows of the state, so shapes are static:
-on CUDA one graph per bucket and phase is captured at warm-up and replayed while serving.
+the highest busy slot, on views of the first ``bucket`` rows of the state (``narrow``), so shapes
+are static: on CUDA one graph per bucket and phase is captured at warm-up, all in one memory
+pool, and replayed while serving.
 
-One step, for the slots that run:
+A step is :class:`~myna.dsm.frame.FrameStep`, the same step ``DSMTTS.synthesize`` runs, and the
+host's share of it is arranged so that the device waits for the host as little as it can:
 
-1. text: temporal transformer → text logits → sample (graph "text");
-2. host: the text state machine of each slot maps its sampled token to the token it reads next
-   (consuming words; a consumed word is a word event at its consumption step);
-3. audio: depformer (only when some running slot is past ``delay_steps``), commit, and Mimi decode
-   of the undelayed frame for the slots that have one (graph "audio"; "commit" when no slot is past
-   the delay: a text-only step);
-4. host: each slot's 1920-sample PCM frame goes to its session's callback.
+1. launch the text phase (graph "text": temporal transformer → text logits → sample);
+2. while it runs: draw this step's audio noise and the next step's text noise into pinned host
+   buffers copied asynchronously, and hand out the previous step's PCM;
+3. read the sampled tokens back (the step's one synchronisation) and run each slot's text state
+   machine (consuming words; a consumed word is a word event);
+4. launch the audio phase (depformer, commit and Mimi decode of the undelayed frame: graph
+   "audio"), or "commit" when no running slot is past ``delay_steps`` (a text-only step), and start
+   copying its PCM to the host; on CUDA the PCM goes to the sessions during the next step, right
+   after that step's text launch (or at once when the loop has nothing else to do), on the CPU at
+   the end of the step (``pipelined``).
 
 Randomness is per session: each session draws its exponential-race noise (§2.6) from its own
-``torch.Generator`` on the host, in the order and shapes :meth:`DSMTTS.generate` draws them, and
-the noise enters the step as an input tensor. So a session's tokens depend only on its seed and
-its text, not on who shares the batch, and a seeded session matches ``DSMTTS.synthesize(seed=…)``.
+``torch.Generator`` on the host, one draw per slot and phase, in the order and with the numbers
+:meth:`DSMTTS.generate` draws them, and the noise enters the step as an input tensor. So a
+session's tokens depend only on its seed and its text, not on who shares the batch, and a seeded
+session matches ``DSMTTS.synthesize(seed=…)``.
+
+Time comes from an injected ``clock``. Without a thread (``start(thread=False)``) the caller
+drives the loop with :meth:`FrameLoop.tick`: the tests run it step by step, with no sleeps.
 
 The loop never blocks on a session: callbacks must be cheap and thread-safe (e.g.
 ``loop.call_soon_threadsafe``); a callback or per-session failure ends that session only.
@@ -30,7 +39,6 @@ The loop never blocks on a session: callbacks must be cheap and thread-safe (e.g
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 import os
@@ -44,27 +52,11 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from .frame import FrameState, step_commit, step_depformer, step_text
-from .mimi import MimiState
+from .frame import FrameState, FrameStep
 from .state_machine import Entry, TextState, script_to_entries
 from .tts import DSMTTS
 
 log = logging.getLogger("myna.dsm.loop")
-
-#: Decoded frames dropped at the start of a turn (the forced initial padding; as ``synthesize``).
-SKIP_FRAMES = 2
-
-
-def sample_with_noise(logits: torch.Tensor, temperature: float, top_k: int, noise: torch.Tensor | None) -> torch.Tensor:
-    """:func:`myna.dsm.sampling.sample_token` with the Exp(1) draws given: logits [B, V],
-    noise [B, k] (k = min(top_k, V)), or None for greedy argmax → int64 [B]."""
-    logits = logits.float()
-    if noise is None or temperature <= 0.0:
-        return logits.argmax(dim=-1)
-    probs = torch.softmax(logits / temperature, dim=-1)
-    probs, indices = torch.topk(probs, noise.shape[-1], dim=-1)
-    choice = (probs / noise).argmax(dim=-1)
-    return indices.gather(-1, choice[:, None])[:, 0]
 
 
 # ------------------------------------------------------------------------------ sessions
@@ -93,10 +85,11 @@ class LoopSession:
         self._inbox = _Inbox()
         self._lock = threading.Lock()
         self.done = threading.Event()
-        #: filled by the loop: step (slot-local) and wall time of the first audio frame
+        #: filled by the loop: the step (slot-local) that produced the first audio frame, and the
+        #: time (the loop's clock) it was handed to ``on_audio``
         self.first_audio_step: int | None = None
         self.first_audio_time: float | None = None
-        self.opened_at = time.monotonic()
+        self.opened_at = loop.clock()
         self.steps = 0
         self.tokens: list[tuple[int, int]] = []
 
@@ -134,50 +127,64 @@ class _Slot:
     first_word: bool = True
     ended: bool = False
     t: int = 0                 # slot-local step
-    frames: int = 0            # audio frames decoded (the first SKIP_FRAMES are dropped)
+    frames: int = 0            # audio frames decoded (the first ``tts.skip_frames`` are dropped)
     audio_s: float = 0.0       # seconds of audio handed out
     words_out: int = 0         # transcript entries already published
 
 
-# ------------------------------------------------------------------------------ views and graphs
+# ------------------------------------------------------------------------------ host buffers and graphs
 
-def _narrow_ring(cache, n: int):
-    v = copy.copy(cache)
-    v.__dict__["_buffers"] = {k: b[:n] for k, b in cache._buffers.items()}
-    return v
+class _Pinned:
+    """The host side of a step input or output: a buffer in pinned memory (on CUDA), copied to or
+    from the device without temporaries and without waiting (``non_blocking``). An event recorded
+    after each copy tells when the host buffer may be rewritten (after a push) or read (after a
+    pull): :meth:`wait`. On the CPU copies are immediate and :meth:`wait` returns at once.
+
+    The host rewrites each buffer at most once per step, and the copy it waits for was queued a
+    step earlier, right behind work whose result the host has already read back: in steady state
+    :meth:`wait` finds it done and returns at once, so one buffer per input is enough.
+    """
+
+    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, fill=0):
+        cuda = device.type == "cuda"
+        self.host = torch.full(shape, fill, dtype=dtype, pin_memory=cuda)
+        self.array = self.host.numpy()  # the same memory, for cheap per-slot writes
+        self._event = torch.cuda.Event() if cuda else None
+
+    def wait(self) -> None:
+        if self._event is not None:
+            self._event.synchronize()
+
+    def push(self, dst: torch.Tensor, n: int) -> None:
+        """Copy rows [:n] to ``dst`` (a static device buffer)."""
+        dst[:n].copy_(self.host[:n], non_blocking=True)
+        self._record()
+
+    def pull(self, src: torch.Tensor) -> None:
+        """Start copying ``src`` (its rows) into the host buffer; :meth:`wait` before reading."""
+        self.host[:src.shape[0]].copy_(src, non_blocking=True)
+        self._record()
+
+    def _record(self) -> None:
+        if self._event is not None:
+            self._event.record()
 
 
-def _frame_view(fs: FrameState, n: int) -> FrameState:
-    """The first n slots of ``fs`` as a FrameState sharing its storage (in-place writes go through)."""
-    ts = fs.temporal
-    tv = copy.copy(ts)
-    dims = {"cross_k": 1, "cross_v": 1}
-    tv.__dict__["_buffers"] = {k: b.narrow(dims.get(k, 0), 0, n) for k, b in ts._buffers.items()}
-    tv.__dict__["_modules"] = {"caches": torch.nn.ModuleList([_narrow_ring(c, n) for c in ts.caches])}
-    tv.batch_size = n
-    v = copy.copy(fs)
-    v.__dict__["_buffers"] = {k: (b.narrow(2, 0, n) if k == "dep_cache" else b if k in ("initial", "delays") else b[:n])
-                              for k, b in fs._buffers.items()}
-    v.__dict__["_modules"] = {"temporal": tv}
-    v.batch_size = n
-    return v
-
-
-def _mimi_view(ms: MimiState, n: int) -> MimiState:
-    v = MimiState({k: b[:n] for k, b in ms.buffers.items()}, [_narrow_ring(c, n) for c in ms.caches], ms.offset[:n])
-    v.exec_mask = ms.exec_mask[:n]
-    return v
-
-
-class _Phase:
-    """One step phase for one bucket: run eagerly, or replay a CUDA graph captured by :meth:`capture`."""
+class GraphPhase:
+    """One step phase for one bucket: ``fn`` run eagerly, or the CUDA graph captured from it by
+    :meth:`capture` and replayed. Graph outputs are the same static tensors on every replay."""
 
     def __init__(self, fn: Callable[[], object]):
         self.fn = fn
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: object = None
 
-    def capture(self, pool=None) -> None:
+    def capture(self, pool) -> None:
+        """Warm up on a side stream, then capture into the memory pool ``pool`` shared by every
+        phase and bucket. Sharing is safe here because no graph output is read after another
+        graph has replayed: a step replays "text" then "audio" (or "commit") of one bucket, and
+        its outputs are consumed (or copied to the host) before the next step's first replay.
+        ``thread_local`` capture lets other threads use CUDA meanwhile without breaking it."""
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -185,7 +192,7 @@ class _Phase:
                 self.fn()
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
+        with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
             self.out = self.fn()
 
     def __call__(self):
@@ -208,21 +215,27 @@ def default_buckets(max_batch: int) -> tuple[int, ...]:
 
 
 class FrameLoop:
-    """The frame loop thread over a loaded :class:`DSMTTS` (see the module docstring).
+    """The frame loop over a loaded :class:`DSMTTS` (see the module docstring).
 
     Args:
-        tts: the model; its generation settings (temperature, top-k, ``n_q``, ``final_padding``,
-            ``max_steps``) apply to every session.
+        tts: the model; its generation settings (temperature, top-k, ``padding_bonus``, ``n_q``,
+            ``final_padding``, ``max_steps``) as they are now apply to every session.
         max_batch: slots (sessions stepping at once; more wait for a free slot).
         buckets: batch sizes a step may run at (default 1, 2, 4, … max_batch).
         max_ahead_s: a slot whose audio is more than this ahead of real time (since its first audio)
             pauses until real time catches up (backpressure). ``math.inf`` disables it.
         greedy: argmax sampling for every session (tests).
         cuda_graphs: capture graphs at :meth:`start` (default: on CUDA unless ``NO_CUDA_GRAPH=1``).
+        clock: monotonic time in seconds (``time.monotonic``); inject a virtual one to drive the
+            loop with :meth:`tick` in tests.
+        pipelined: hand each step's PCM out during the next step, right after its text launch, so
+            the device never waits for that copy (default: on CUDA, where launches return at once;
+            on the CPU a launch runs the phase, and waiting for it would only delay the audio).
     """
 
     def __init__(self, tts: DSMTTS, *, max_batch: int = 16, buckets: Sequence[int] | None = None,
-                 max_ahead_s: float = 3.0, greedy: bool = False, cuda_graphs: bool | None = None):
+                 max_ahead_s: float = 3.0, greedy: bool = False, cuda_graphs: bool | None = None,
+                 clock: Callable[[], float] = time.monotonic, pipelined: bool | None = None):
         self.tts = tts
         self.lm, self.mimi, self.cfg = tts.lm, tts.mimi, tts.cfg
         self.device = self.lm.device
@@ -235,102 +248,81 @@ class FrameLoop:
         if cuda_graphs is None:
             cuda_graphs = self.device.type == "cuda" and os.environ.get("NO_CUDA_GRAPH", "") in ("", "0")
         self.cuda_graphs = cuda_graphs
-        self.n_q = tts.n_q
+        self.clock = clock
+        self.pipelined = self.device.type == "cuda" if pipelined is None else pipelined
         self.frame_size = self.cfg.mimi.frame_size
-        self.k_text = min(tts.top_k_text, self.cfg.text_out_card) if tts.top_k_text > 0 else self.cfg.text_out_card
-        self.k_audio = min(tts.top_k_audio, self.cfg.card) if tts.top_k_audio > 0 else self.cfg.card
 
         cross_len = self.cfg.max_speakers * 125 if self.cfg.cross_attention else 0
         B, dev = max_batch, self.device
-        self.fs = FrameState(self.lm, B, cross_len)
+        self.fs = FrameState.new(self.lm, B, cross_len)
         self.fs.exec_mask.fill_(False)
         self.ms = self.mimi.new_state(B)
         self.ms.exec_mask.fill_(False)
-        self.text_noise = torch.ones(B, self.k_text, device=dev)
-        self.audio_noise = torch.ones(B, self.n_q, self.k_audio, device=dev)
-        self.text_in = torch.full((B,), self.tts.ids.pad, dtype=torch.long, device=dev)
-        pin = dev.type == "cuda"
-        self._host_text_noise = torch.ones(B, self.k_text, pin_memory=pin)
-        self._host_audio_noise = torch.ones(B, self.n_q, self.k_audio, pin_memory=pin)
-        self._host_text_in = torch.full((B,), self.tts.ids.pad, dtype=torch.long, pin_memory=pin)
-        self._host_exec = torch.zeros(B, dtype=torch.bool, pin_memory=pin)
-        self._host_mimi = torch.zeros(B, dtype=torch.bool, pin_memory=pin)
-        self._phases = {n: self._make_phases(n) for n in self.buckets}
+        self.step = FrameStep(self.lm, self.fs, tts.sampling(greedy), tts.n_q)
+        self._draws = self.step.sampling.draws
+        pad = self.step.pad
+        self._text_noise = _Pinned(tuple(self.step.text_noise.shape), torch.float32, dev, 1.0)
+        self._audio_noise = _Pinned(tuple(self.step.audio_noise.shape), torch.float32, dev, 1.0)
+        self._text_in = _Pinned((B,), torch.long, dev, pad)
+        self._exec = _Pinned((B,), torch.bool, dev)
+        self._mimi_exec = _Pinned((B,), torch.bool, dev)
+        self._sampled = _Pinned((B,), torch.long, dev)
+        self._pcm = _Pinned((B, self.frame_size), torch.float32, dev)
+        self._text_noise_pending = False  # rows drawn at admission, not yet on the device
+        #: the step's phases per bucket, as run (eagerly, or replayed as CUDA graphs)
+        self.phases: dict[int, dict[str, GraphPhase]] = {n: self._make_phases(n) for n in self.buckets}
 
         self._cond = threading.Condition()
         self._joins: deque[LoopSession] = deque()
         self._slots: dict[int, _Slot] = {}
         self._conditions: dict[object, tuple] = {}
+        self._outbox: list[tuple[_Slot, int]] = []   # audio frames copied to self._pcm, to hand out
+        self._finished: list[LoopSession] = []        # turns that end once their audio is out
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.steps = 0
         self.started = False
 
     # -- phases --------------------------------------------------------------------------
-    def _make_phases(self, n: int) -> dict[str, _Phase]:
-        lm, tts, cfg = self.lm, self.tts, self.cfg
-        fs, ms = _frame_view(self.fs, n), _mimi_view(self.ms, n)
-        text_noise, audio_noise, text_in = self.text_noise[:n], self.audio_noise[:n], self.text_in[:n]
-        greedy = self.greedy
-        holder: dict[str, torch.Tensor] = {}
+    def _make_phases(self, n: int) -> dict[str, GraphPhase]:
+        step, ms, n_q = self.step.narrow(n), self.ms.narrow(n), self.tts.n_q
 
-        def text():
-            h, logits = step_text(lm, fs)
-            holder["h"] = h
-            return sample_with_noise(logits, tts.temperature, self.k_text, None if greedy else text_noise)
-
-        def depformer_chain(h):
-            prev, out = text_in, []
-            for k in range(self.n_q):
-                logits = lm.depformer_logits(k, prev, h, fs.dep_cache)
-                prev = sample_with_noise(logits, tts.temperature, self.k_audio, None if greedy else audio_noise[:, k])
-                out.append(prev)
-            audio = torch.stack(out, dim=1)
-            if self.n_q < cfg.dep_q:
-                rest = torch.full((n, cfg.dep_q - self.n_q), -1, dtype=torch.long, device=text_in.device)
-                audio = torch.cat([audio, rest], dim=1)
-            return audio
-
-        def audio():
-            # holder["h"] is the text phase's h: its static output once the text graph is captured
-            audio_tokens = depformer_chain(holder["h"])
-            frame = step_commit(lm, fs, text_in, audio_tokens, cfg.delay_steps)
-            codes = frame[:, 1:1 + self.n_q, None].clamp(min=0)
+        def audio() -> torch.Tensor:
+            frame = step.audio()
+            codes = frame[:, 1:1 + n_q, None].clamp(min=0)
             return self.mimi.decode(codes, ms)[:, 0].clamp(-1, 1)
 
-        def commit():
-            step_commit(lm, fs, text_in, None, cfg.delay_steps)
-            return None
-
-        phases = {"text": _Phase(text), "audio": _Phase(audio), "commit": _Phase(commit)}
-        return phases
+        return {"text": GraphPhase(step.text), "audio": GraphPhase(audio), "commit": GraphPhase(step.commit)}
 
     # -- life cycle ----------------------------------------------------------------------
-    def start(self) -> None:
-        """Warm up (and capture CUDA graphs, one per bucket and phase), then start the thread."""
+    def start(self, *, thread: bool = True) -> None:
+        """Warm up (on CUDA: capture the graphs of every bucket and phase), then start the loop
+        thread; with ``thread=False`` the caller drives the loop with :meth:`tick`."""
         if self.started:
             return
         with torch.no_grad():
+            pool = torch.cuda.graph_pool_handle() if self.cuda_graphs else None
             buckets = self.buckets if self.device.type == "cuda" else self.buckets[:1]
             for n in buckets:
-                self._warm(n)
+                self._warm(n, pool)
             everything = torch.ones(self.max_batch, dtype=torch.bool, device=self.device)
             self.fs.reset(everything)
             self.ms.reset(everything)
             self.fs.exec_mask.fill_(False)
             self.ms.exec_mask.fill_(False)
-        self._thread = threading.Thread(target=self._run, name="dsm-frame-loop", daemon=True)
         self.started = True
-        self._thread.start()
+        if thread:
+            self._thread = threading.Thread(target=self._run, name="dsm-frame-loop", daemon=True)
+            self._thread.start()
 
-    def _warm(self, n: int) -> None:
+    def _warm(self, n: int, pool) -> None:
         self.fs.exec_mask[:n] = True
         self.ms.exec_mask[:n] = True
-        phases = self._phases[n]
+        phases = self.phases[n]
         if self.cuda_graphs:
             # The text graph's h feeds the audio graph, so the text phase is captured first.
             for p in ("text", "audio", "commit"):
-                phases[p].capture()
+                phases[p].capture(pool)
             torch.cuda.synchronize()
         else:
             for _ in range(2):
@@ -339,13 +331,15 @@ class FrameLoop:
                 phases["commit"]()
 
     def close(self) -> None:
-        """Stop the thread; live sessions end with an error."""
+        """Stop the loop; live sessions end with an error (finished turns complete first)."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=10)
-        self._thread = None
+            self._thread = None
+        elif self.started:
+            self._shutdown()
 
     def open(self, *, voice=None, seed: int | None = None, on_audio: Callable[[np.ndarray], None] = lambda pcm: None,
              on_word: Callable[[str, float], None] = lambda w, s: None,
@@ -372,7 +366,29 @@ class FrameLoop:
     def waiting_sessions(self) -> int:
         return len(self._joins)
 
-    # -- the thread ----------------------------------------------------------------------
+    @property
+    def idle(self) -> bool:
+        """No session holds or waits for a slot, and all produced audio and ends are handed out."""
+        return not (self._slots or self._joins or self._outbox or self._finished)
+
+    # -- driving it ----------------------------------------------------------------------
+    @torch.no_grad()
+    def tick(self) -> float | None:
+        """One turn of the loop: admit waiting sessions, take their new words, and run one step
+        for the slots that can run. Returns 0.0 when it should be called again at once (a step
+        ran, or a session has something for the loop); otherwise, after handing out what is
+        pending, how long (clock seconds) until a paused slot may run, or None when nothing can
+        happen until a session acts. The loop thread calls it; so may the caller of a loop
+        started with ``thread=False`` (then callbacks run on the caller's thread)."""
+        self._admit()
+        self._intake()
+        run, wait = self._runnable()
+        if run:
+            self._step(run)
+            return 0.0
+        self._deliver()
+        return 0.0 if self._pending_work() else wait
+
     def _run(self) -> None:
         torch.set_grad_enabled(False)
         while True:
@@ -380,23 +396,20 @@ class FrameLoop:
                 if self._stopping:
                     break
             try:
-                self._admit()
-                self._intake()
-                run, wait_s = self._runnable()
-            except Exception as exc:  # a bug in the bookkeeping: fail everyone, keep serving
-                log.exception("frame loop bookkeeping failed")
-                self._fail_all(exc)
-                continue
-            if not run:
-                with self._cond:
-                    if not self._stopping and not self._pending_work():
-                        self._cond.wait(timeout=wait_s if wait_s is not None else 1.0)
-                continue
-            try:
-                self._step(run)
-            except Exception as exc:
+                wait = self.tick()
+            except Exception as exc:  # a bug in a step or the bookkeeping: fail everyone, keep serving
                 log.exception("frame loop step failed")
                 self._fail_all(exc)
+                continue
+            if wait == 0.0:
+                continue
+            with self._cond:  # a session acting since tick() looked notifies, or is seen here
+                if not self._stopping and not self._pending_work():
+                    self._cond.wait(timeout=wait if wait is not None else 1.0)
+        self._shutdown()
+
+    def _shutdown(self) -> None:
+        self._deliver()
         self._fail_all(RuntimeError("frame loop closed"))
         for s in list(self._joins):
             self._end(s, RuntimeError("frame loop closed"))
@@ -435,9 +448,13 @@ class FrameLoop:
                 self._end(session, exc)
                 continue
             gen = None
-            if not self.greedy:
+            if self._draws:
                 gen = torch.Generator()
                 gen.manual_seed(session.seed if session.seed is not None else random.getrandbits(63))
+                # the slot's first text draw; later ones are drawn a step ahead (see _draw_noise)
+                self._text_noise.wait()
+                self._text_noise.host[index].exponential_(1, generator=gen)
+                self._text_noise_pending = True
             self._slots[index] = _Slot(session, index, self.tts.machine.new_state([]), gen)
 
     def _conditions_for(self, voice) -> tuple:
@@ -479,7 +496,7 @@ class FrameLoop:
         return len(s.entries) < 1 + st.second_stream_ahead
 
     def _runnable(self) -> tuple[list[_Slot], float | None]:
-        now = time.monotonic()
+        now = self.clock()
         run, wait = [], None
         for slot in self._slots.values():
             if self._needs_word(slot):
@@ -497,53 +514,52 @@ class FrameLoop:
     # -- one step ------------------------------------------------------------------------
     def _step(self, run: list[_Slot]) -> None:
         cfg, tts = self.cfg, self.tts
-        top = max(self._slots) + 1
-        n = next(b for b in self.buckets if b >= top)
-        phases = self._phases[n]
-        exec_host = self._host_exec
-        exec_host.zero_()
-        mimi_host = self._host_mimi
-        mimi_host.zero_()
-        any_depformer = False
+        n = next(b for b in self.buckets if b >= max(self._slots) + 1)
+        phases = self.phases[n]
         audio_start = cfg.max_delay + cfg.delay_steps
+        depformer = any(slot.t >= cfg.delay_steps for slot in run)
+
+        # 1. the text phase's inputs, then its launch
+        for pinned in (self._exec, self._mimi_exec):
+            pinned.wait()
+            pinned.array[:] = False
         for slot in run:
-            exec_host[slot.index] = True
-            if slot.t >= cfg.delay_steps:
-                any_depformer = True
+            self._exec.array[slot.index] = True
             if slot.t >= audio_start:
-                mimi_host[slot.index] = True
-            if slot.gen is not None:
-                self._host_text_noise[slot.index].exponential_(1, generator=slot.gen)
-        self.fs.exec_mask.copy_(exec_host.to(self.device, non_blocking=True))
-        self.ms.exec_mask.copy_(mimi_host.to(self.device, non_blocking=True))
-        if not self.greedy:
-            self.text_noise[:n].copy_(self._host_text_noise[:n], non_blocking=True)
+                self._mimi_exec.array[slot.index] = True
+        self._exec.push(self.fs.exec_mask, n)
+        self._mimi_exec.push(self.ms.exec_mask, n)
+        if self._text_noise_pending:
+            self._text_noise.push(self.step.text_noise, n)
+            self._text_noise_pending = False
+        self._sampled.pull(phases["text"]())
 
-        sampled = phases["text"]().tolist()
+        # 2. host work while the text phase runs
+        self._draw_noise(run, n, depformer)
+        if self.pipelined:
+            self._deliver()
 
-        fed_host = self._host_text_in
-        fed_host.fill_(tts.ids.pad)
+        # 3. the readback, and the text state machine of each running slot
+        self._sampled.wait()
+        sampled = self._sampled.host[:n].tolist()
+        self._text_in.wait()
+        fed = self._text_in.array
+        fed[:] = tts.ids.pad
         failed: list[tuple[_Slot, BaseException]] = []
         for slot in run:
             try:
                 tok = sampled[slot.index]
-                fed = tts.machine.process(slot.t, slot.state, tok)
-                fed_host[slot.index] = fed
-                slot.session.tokens.append((tok, fed))
-                if slot.gen is not None and slot.t >= cfg.delay_steps:
-                    for k in range(self.n_q):
-                        self._host_audio_noise[slot.index, k].exponential_(1, generator=slot.gen)
+                fed[slot.index] = tts.machine.process(slot.t, slot.state, tok)
+                slot.session.tokens.append((tok, int(fed[slot.index])))
             except Exception as exc:
                 failed.append((slot, exc))
-        self.text_in.copy_(fed_host.to(self.device, non_blocking=True))
-        if any_depformer and not self.greedy:
-            self.audio_noise[:n].copy_(self._host_audio_noise[:n], non_blocking=True)
+        self._text_in.push(self.step.text_in, n)
 
-        pcm = None
-        if any_depformer:
-            out = phases["audio"]()
-            if mimi_host[:n].any():
-                pcm = out.float().cpu().numpy()
+        # 4. the audio (or text-only) phase; its PCM goes out after the next text launch (pipelined)
+        if depformer:
+            pcm = phases["audio"]()
+            if self._mimi_exec.array[:n].any():
+                self._pcm.pull(pcm)
         else:
             phases["commit"]()
         self.steps += 1
@@ -555,44 +571,81 @@ class FrameLoop:
             if id(slot) in failed_ids:
                 continue
             try:
-                self._publish(slot, pcm)
+                self._publish(slot)
             except Exception as exc:
                 self._free(slot, exc)
+        if not self.pipelined:
+            self._deliver()
 
-    def _publish(self, slot: _Slot, pcm: np.ndarray | None) -> None:
-        """Word events, the slot's audio frame, and the end of its turn."""
+    def _draw_noise(self, run: list[_Slot], n: int, depformer: bool) -> None:
+        """Each running slot's audio draws for this step (one [n_q, k_audio] draw, past
+        ``delay_steps``) and its text draw for its next step, in the order ``generate`` draws
+        them, copied to the device behind the text phase that is running."""
+        if not self._draws:
+            return
+        delay = self.cfg.delay_steps
+        self._audio_noise.wait()
+        self._text_noise.wait()
+        for slot in run:
+            if slot.t >= delay:
+                self._audio_noise.host[slot.index].exponential_(1, generator=slot.gen)
+            self._text_noise.host[slot.index].exponential_(1, generator=slot.gen)
+        if depformer:
+            self._audio_noise.push(self.step.audio_noise, n)
+        self._text_noise.push(self.step.text_noise, n)
+
+    def _publish(self, slot: _Slot) -> None:
+        """Word events, the accounting of the slot's audio frame (handed out by :meth:`_deliver`),
+        and the end of its turn."""
         cfg, tts = self.cfg, self.tts
         s, session = slot.state, slot.session
-        rate = cfg.mimi.frame_rate
         while slot.words_out < len(s.transcript):
             word, step = s.transcript[slot.words_out]
             slot.words_out += 1
-            session.on_word(word, max(0.0, (step - SKIP_FRAMES) / rate))
+            session.on_word(word, tts.word_start_s(step))
         t = slot.t
         slot.t += 1
         session.steps = slot.t
-        if pcm is not None and t >= cfg.max_delay + cfg.delay_steps:
-            j = slot.frames
-            if s.end_step is None or j < SKIP_FRAMES + s.end_step:
-                slot.frames += 1
-                if j >= SKIP_FRAMES:
-                    if session.first_audio_time is None:
-                        session.first_audio_time = time.monotonic()
-                        session.first_audio_step = t
-                    slot.audio_s += self.frame_size / cfg.mimi.sample_rate
-                    session.on_audio(pcm[slot.index].copy())
-        if s.end_step is not None:
-            finished = slot.frames >= SKIP_FRAMES + s.end_step
-            if slot.t >= s.end_step + cfg.delay_steps + tts.final_padding or finished:
-                self._free(slot, None)
-                return
-        if slot.t >= tts.max_steps:
-            self._free(slot, None)
+        frames = tts.turn_frames(s.end_step)
+        if t >= cfg.max_delay + cfg.delay_steps and (frames is None or slot.frames < frames):
+            if slot.frames >= tts.skip_frames:
+                if session.first_audio_step is None:
+                    session.first_audio_step = t
+                slot.audio_s += self.frame_size / cfg.mimi.sample_rate
+                self._outbox.append((slot, slot.index))
+            slot.frames += 1
+        done = frames is not None and slot.frames >= frames
+        if done or (s.end_step is not None and slot.t >= s.end_step + cfg.delay_steps + tts.final_padding) \
+                or slot.t >= tts.max_steps:
+            self._free(slot, None, after_audio=True)
 
-    def _free(self, slot: _Slot, error: BaseException | None) -> None:
+    def _deliver(self) -> None:
+        """Hand out the audio frames of the last step, then end the turns that finished."""
+        if self._outbox:
+            self._pcm.wait()
+            for slot, index in self._outbox:
+                session = slot.session
+                if session.done.is_set():
+                    continue
+                try:
+                    if session.first_audio_time is None:
+                        session.first_audio_time = self.clock()
+                    session.on_audio(self._pcm.array[index].copy())
+                except Exception as exc:
+                    self._free(slot, exc)
+            self._outbox.clear()
+        finished, self._finished = self._finished, []
+        for session in finished:
+            self._end(session, None)
+
+    def _free(self, slot: _Slot, error: BaseException | None, after_audio: bool = False) -> None:
+        """Release the slot now; end its session now, or (``after_audio``) once its last audio is out."""
         if self._slots.get(slot.index) is slot:
             del self._slots[slot.index]
-        self._end(slot.session, error)
+        if after_audio:
+            self._finished.append(slot.session)
+        else:
+            self._end(slot.session, error)
 
     def _end(self, session: LoopSession, error: BaseException | None) -> None:
         if session.done.is_set():
@@ -604,5 +657,9 @@ class FrameLoop:
             log.exception("on_end callback failed")
 
     def _fail_all(self, exc: BaseException) -> None:
+        self._outbox.clear()
         for slot in list(self._slots.values()):
             self._free(slot, exc)
+        for session in self._finished:
+            self._end(session, exc)
+        self._finished.clear()

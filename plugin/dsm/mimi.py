@@ -9,36 +9,47 @@ decoding the whole sequence at once. One frame of codes gives exactly ``frame_si
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from .config import MimiConfig
-from .layers import RingKVCache, apply_rope, attention, merge_heads, positional_mask, split_heads
+from .layers import Attention, RingKVCache, RingPositions, positional_mask
 
 
+@dataclass
 class MimiState:
     """Streaming state of the decoder for B streams, created by :meth:`MimiDecoder.new_state`.
 
     ``buffers[name]``: per-conv left context [B, C_in, (k−1)·dilation] (zeros at start) and
-    per-transposed-conv overlap [B, C_out, K−S] (bias removed); ``caches``: transformer ring KV
-    caches; ``offset`` int64 [B]: transformer position (25 Hz); ``exec_mask`` bool [B].
+    per-transposed-conv overlap [B, C_out, K−S] (bias removed); ``ring`` and ``caches``: the
+    transformer's ring KV caches and their shared positions; ``offset`` int64 [B]: transformer
+    position (25 Hz); ``exec_mask`` bool [B] (false leaves a stream as it is).
     """
 
-    def __init__(self, buffers: dict[str, torch.Tensor], caches: list[RingKVCache], offset: torch.Tensor):
-        self.buffers = buffers
-        self.caches = caches
-        self.offset = offset
-        self.exec_mask = torch.ones_like(offset, dtype=torch.bool)
+    buffers: dict[str, torch.Tensor]
+    ring: RingPositions
+    caches: list[RingKVCache]
+    offset: torch.Tensor
+    exec_mask: torch.Tensor
 
     def reset(self, mask: torch.Tensor) -> None:
         """Restart the streams where ``mask`` (bool [B]) is true."""
         for buf in self.buffers.values():
             buf.masked_fill_(mask[:, None, None], 0.0)
+        self.ring.reset(mask)
         for cache in self.caches:
             cache.reset(mask)
         self.offset.masked_fill_(mask, 0)
         self.exec_mask.masked_fill_(mask, True)
+
+    def narrow(self, n: int) -> "MimiState":
+        """The first n streams, sharing storage."""
+        ring = self.ring.narrow(n)
+        return MimiState({k: b[:n] for k, b in self.buffers.items()}, ring, [c.narrow(n, ring) for c in self.caches],
+                         self.offset[:n], self.exec_mask[:n])
 
 
 def _keep(state: MimiState, name: str, value: torch.Tensor) -> None:
@@ -105,15 +116,6 @@ class ResBlock(nn.Module):
         return x + self.conv2(F.elu(self.conv1(F.elu(x), state)), state)
 
 
-class MimiAttention(nn.Module):
-    """``self_attn.in_projs.0`` [3d, d], ``self_attn.out_projs.0`` [d, d]."""
-
-    def __init__(self, dim: int):
-        super().__init__()
-        self.in_projs = nn.ModuleList([nn.Linear(dim, 3 * dim, bias=False)])
-        self.out_projs = nn.ModuleList([nn.Linear(dim, dim, bias=False)])
-
-
 class LayerScale(nn.Module):
     """Learnt per-channel residual scale ``scale`` [dim] (§4)."""
 
@@ -128,26 +130,17 @@ class MimiLayer(nn.Module):
     def __init__(self, cfg: MimiConfig):
         super().__init__()
         d = cfg.tr_dim
-        self.n_heads, self.context, self.max_period = cfg.tr_heads, cfg.tr_context, cfg.tr_max_period
         self.norm1 = nn.LayerNorm(d, eps=1e-5)
         self.norm2 = nn.LayerNorm(d, eps=1e-5)
-        self.self_attn = MimiAttention(d)
+        self.self_attn = Attention(d, cfg.tr_heads, max_period=cfg.tr_max_period)
         self.linear1 = nn.Linear(d, cfg.tr_ff, bias=False)
         self.linear2 = nn.Linear(cfg.tr_ff, d, bias=False)
         self.layer_scale_1 = LayerScale(d)
         self.layer_scale_2 = LayerScale(d)
 
-    def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: RingKVCache | None,
-                exec_mask: torch.Tensor | None) -> torch.Tensor:
-        h = self.norm1(x)
-        q, k, v = (split_heads(t, self.n_heads) for t in self.self_attn.in_projs[0](h).chunk(3, dim=-1))
-        q, k = apply_rope(q, k, pos, self.max_period)
-        k_pos = pos
-        if cache is not None:
-            cache.write(k, v, pos, exec_mask)
-            k, v, k_pos = cache.k, cache.v, cache.positions
-        a = attention(q, k, v, positional_mask(pos, k_pos, self.context))
-        x = x + self.layer_scale_1.scale * self.self_attn.out_projs[0](merge_heads(a))
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor,
+                cache: RingKVCache | None) -> torch.Tensor:
+        x = x + self.layer_scale_1.scale * self.self_attn(self.norm1(x), pos, mask, cache)
         h = self.linear2(F.gelu(self.linear1(self.norm2(x))))
         return x + self.layer_scale_2.scale * h
 
@@ -202,9 +195,10 @@ class MimiDecoder(nn.Module):
                 cout = m.weight.shape[1] * m.groups
                 buffers[m.name] = torch.zeros(batch_size, cout, m.overlap, device=dev, dtype=dt)
         c = self.cfg
-        caches = [RingKVCache(batch_size, c.tr_heads, c.tr_context, c.tr_dim // c.tr_heads, dev, dt)
-                  for _ in range(c.tr_layers)]
-        return MimiState(buffers, caches, torch.zeros(batch_size, dtype=torch.long, device=dev))
+        ring = RingPositions.empty(batch_size, c.tr_context, c.tr_context, dev)
+        caches = [RingKVCache.empty(ring, c.tr_heads, c.tr_dim // c.tr_heads, dev, dt) for _ in range(c.tr_layers)]
+        return MimiState(buffers, ring, caches, torch.zeros(batch_size, dtype=torch.long, device=dev),
+                         torch.ones(batch_size, dtype=torch.bool, device=dev))
 
     def decode_latent(self, codes: torch.Tensor) -> torch.Tensor:
         """Split RVQ decode: codes int64 [B, K, T] (K ≤ n_q; the first is semantic) → [B, dim, T]."""
@@ -230,9 +224,12 @@ class MimiDecoder(nn.Module):
         start = state.offset[:, None] if state is not None else torch.zeros(B, 1, dtype=torch.long,
                                                                              device=x.device)
         pos = start + torch.arange(T, device=x.device)[None, :]
+        if state is None:
+            mask = positional_mask(pos, pos, self.cfg.tr_context)
+        else:
+            mask = state.ring.advance(pos, state.exec_mask)
         for i, layer in enumerate(self.transformer.layers):
-            cache = state.caches[i] if state is not None else None
-            x = layer(x, pos, cache, state.exec_mask if state is not None else None)
+            x = layer(x, pos, mask, state.caches[i] if state is not None else None)
         if state is not None:
             state.offset.copy_(torch.where(state.exec_mask, state.offset + T, state.offset))
         x = x.transpose(1, 2)

@@ -13,6 +13,12 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 
+#: Steps of forced padding that start every turn (§2.3 ``initial_padding``). The first word is
+#: taken at this step, and the frames decoded for these steps are dropped (the "click", §2.5), so a
+#: turn's audio starts at this frame and a word consumed at step s starts (s − 2)/12.5 s into it.
+INITIAL_PADDING = 2
+
+
 @dataclass(frozen=True)
 class TokenIds:
     """Special text ids (§2.1, §7.7). ``card`` is the mux base: text vocabulary + 1 (8001 for 1.6b)."""
@@ -107,13 +113,13 @@ class TextState:
 
 @dataclass(frozen=True)
 class StateMachine:
-    """The DSM TTS text state machine (§2.3). ``from_checkpoint`` values: initial_padding 2,
-    max_padding 8, second_stream_ahead from the config (2 for 1.6b)."""
+    """The DSM TTS text state machine (§2.3). ``from_checkpoint`` values: initial_padding
+    :data:`INITIAL_PADDING`, max_padding 8, second_stream_ahead from the config (2 for 1.6b)."""
 
     ids: TokenIds
     second_stream_ahead: int = 0
     max_padding: int = 8
-    initial_padding: int = 2
+    initial_padding: int = INITIAL_PADDING
 
     def new_state(self, entries: Sequence[Entry]) -> TextState:
         return TextState(deque(entries), self.initial_padding, self.initial_padding)

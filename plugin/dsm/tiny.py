@@ -64,8 +64,9 @@ def _is_table(name: str) -> bool:
     return name.startswith(("emb.", "text_emb.weight", "depformer_emb.", "depformer_text_emb.weight"))
 
 
-def _train_tokenizer(path: Path, vocab_size: int) -> None:
-    """A BPE SentencePiece model with ids 0–3 reserved (unk, bos, eos, pad), as the TTS text ids expect."""
+def train_tokenizer(path: Path, vocab_size: int) -> None:
+    """Write to ``path`` a BPE SentencePiece model trained on a small built-in corpus, with ids 0–3
+    reserved (unk, bos, eos, pad) as the TTS text ids expect; at most ``vocab_size`` pieces."""
     import sentencepiece as spm
 
     buf = io.BytesIO()
@@ -140,19 +141,20 @@ def build_tiny_checkpoint(out_dir: str | Path, seed: int = 0, *, fused: bool = F
     cfg = config if config is not None else DSMConfig.from_name("tiny")
     gen = torch.Generator().manual_seed(seed)
 
-    lm = DSMLM(cfg)
+    with torch.device("meta"):  # no default initialisation: randomize() sets every parameter
+        lm = DSMLM(cfg)
+        mimi = MimiDecoder(cfg.mimi)
+    lm = lm.to_empty(device="cpu")
     randomize(lm, seed)
-    save_lm(lm, out / cfg.files["moshi_name"], fused=fused)
+    extra = {}
     if cfg.depformer_low_rank_embeddings and cfg.demux_second_stream:
         # The released file also holds the (unused) low-rank projection of the depformer text embedding.
-        from safetensors.torch import load_file
-
-        sd = load_file(str(out / cfg.files["moshi_name"]))
-        sd["depformer_text_emb.low_rank.weight"] = torch.randn(
+        extra["depformer_text_emb.low_rank.weight"] = torch.randn(
             cfg.depformer_dim, cfg.depformer_low_rank_embeddings, generator=gen)
-        save_file(sd, str(out / cfg.files["moshi_name"]))
+    save_lm(lm, out / cfg.files["moshi_name"], fused=fused, extra=extra)
+    del lm
 
-    mimi = MimiDecoder(cfg.mimi)
+    mimi = mimi.to_empty(device="cpu")
     randomize(mimi, seed + 1)
     save_file(_mimi_state(mimi, cfg.mimi, gen), str(out / cfg.files["mimi_name"]))
 
@@ -160,7 +162,7 @@ def build_tiny_checkpoint(out_dir: str | Path, seed: int = 0, *, fused: bool = F
         voice = torch.randn(1, cfg.cross_dim, 125, generator=gen)
         save_file({"speaker_wavs": voice}, str(out / TINY_VOICE))
 
-    _train_tokenizer(out / cfg.files["tokenizer_name"], cfg.text_card)
+    train_tokenizer(out / cfg.files["tokenizer_name"], cfg.text_card)
     raw = cfg.to_json()
     if "mimi_config_name" not in raw:
         raw["mimi_config_name"] = "mimi_config.json"

@@ -1,6 +1,7 @@
 """Text to 24 kHz speech with a DSM TTS checkpoint (dsm_spec §2–§4): :func:`load` and
-:class:`DSMTTS`, whose :meth:`DSMTTS.synthesize` runs the frame loop for one text (batch 1)
-with the plain step functions of :mod:`myna.dsm.frame` and decodes with Mimi.
+:class:`DSMTTS`, whose :meth:`DSMTTS.synthesize` runs the frame step of :mod:`myna.dsm.frame` for
+one text (batch 1) and decodes with Mimi. The turn's trimming rules (:attr:`DSMTTS.skip_frames`,
+:meth:`DSMTTS.turn_frames`, :meth:`DSMTTS.word_start_s`) serve the streaming frame loop too.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ import torch
 
 from .checkpoint import load_lm, load_mimi, read_config, resolve_checkpoint
 from .config import DSMConfig
-from .frame import FrameState, step_commit, step_depformer, step_text
+from .frame import FrameState, FrameStep, Sampling
 from .lm import DSMLM
 from .mimi import MimiDecoder
-from .sampling import sample_token
-from .state_machine import Entry, StateMachine, TextState, TokenIds, script_to_entries
+from .sampling import exponential_noise
+from .state_machine import INITIAL_PADDING, Entry, StateMachine, TextState, TokenIds, script_to_entries
 from .voice import VoiceError, as_voice, speaker_slots
 
 
@@ -62,7 +63,7 @@ class DSMTTS:
     def __init__(self, lm: DSMLM, mimi: MimiDecoder, tokenizer, cfg: DSMConfig):
         self.lm, self.mimi, self.tokenizer, self.cfg = lm, mimi, tokenizer, cfg
         self.ids = TokenIds(card=cfg.text_in_card, pad=cfg.existing_text_padding_id)
-        self.machine = StateMachine(self.ids, cfg.second_stream_ahead, max_padding=8, initial_padding=2)
+        self.machine = StateMachine(self.ids, cfg.second_stream_ahead, max_padding=8, initial_padding=INITIAL_PADDING)
         self.temperature = 0.6
         self.top_k_text = 25
         self.top_k_audio = 250
@@ -119,16 +120,42 @@ class DSMTTS:
 
     # ------------------------------------------------------------------ generation
 
+    def sampling(self, greedy: bool = False) -> Sampling:
+        """The sampling rule of these settings (what every step, and every frame-loop session, uses)."""
+        return Sampling(self.temperature, self.top_k_text, self.top_k_audio, self.padding_bonus, greedy)
+
+    @property
+    def skip_frames(self) -> int:
+        """Decoded frames dropped at the start of every turn: those of the forced initial padding
+        (:data:`~myna.dsm.state_machine.INITIAL_PADDING`, §2.3, §2.5)."""
+        return self.machine.initial_padding
+
+    def turn_frames(self, end_step: int | None) -> int | None:
+        """How many decoded frames a turn's audio spans, the dropped ones included (frame j ≥ 0 is
+        the first with audio): ``skip_frames + end_step``; None while the text has not ended."""
+        return None if end_step is None else self.skip_frames + end_step
+
+    def word_start_s(self, step: int) -> float:
+        """Seconds into a turn's audio at which the word consumed at text step ``step`` starts."""
+        return max(0.0, (step - self.skip_frames) / self.cfg.mimi.frame_rate)
+
     @torch.no_grad()
     def generate(self, entries: list[list[Entry]], cond_sum: torch.Tensor | None, cross: torch.Tensor | None, *,
                  greedy: bool = False, generator: torch.Generator | None = None) -> GenerationResult:
-        """Run the frame loop for B = len(entries) slots in lockstep until every slot has ended
+        """Run the frame step for B = len(entries) slots in lockstep until every slot has ended
         (end_step + delay_steps + final_padding) or ``max_steps``. cond_sum [B, 1, dim] and
-        cross [B, S, dim] as from :meth:`conditions`, concatenated."""
+        cross [B, S, dim] as from :meth:`conditions`, concatenated.
+
+        Sampling noise comes from ``generator`` (the device's default one if None) in the
+        reference's order: text [B, k_text] each step, then [B, k_audio] per codebook on steps
+        that run the depformer (none while t < delay_steps), so a seeded CPU run matches it."""
         lm, cfg = self.lm, self.cfg
         B = len(entries)
-        fs = FrameState(lm, B, cross.shape[1] if cross is not None else 0)
+        fs = FrameState.new(lm, B, cross.shape[1] if cross is not None else 0)
         lm.set_conditions(fs.temporal, slice(None), cond_sum, cross)
+        step = FrameStep(lm, fs, self.sampling(greedy), self.n_q)
+        draws = step.sampling.draws
+        audio_noise = step.audio_noise.transpose(0, 1)  # [n_q, B, k]: one draw per codebook, as the reference
         states = [self.machine.new_state(e) for e in entries]
         logged: list[list[tuple[int, int]]] = [[] for _ in range(B)]
         frames = []
@@ -136,21 +163,22 @@ class DSMTTS:
             if all(s.end_step is not None for s in states):
                 if t >= max(s.end_step for s in states) + cfg.delay_steps + self.final_padding:
                     break
-            h, logits = step_text(lm, fs)
-            if self.padding_bonus:
-                logits[:, self.ids.pad] += self.padding_bonus
-            sampled = sample_token(logits, self.temperature, self.top_k_text, greedy, generator).tolist()
+            if draws:
+                step.text_noise.exponential_(1, generator=generator)
+            sampled = step.text().tolist()
             fed = []
             for b, (tok, st) in enumerate(zip(sampled, states)):
                 out = self.machine.process(t, st, tok)
                 fed.append(out)
                 logged[b].append((tok, out))
-            text = torch.tensor(fed, dtype=torch.long, device=lm.device)
-            audio = None
+            step.text_in.copy_(torch.tensor(fed))
             if t >= cfg.delay_steps:
-                audio = step_depformer(lm, fs, text, h, temperature=self.temperature, top_k=self.top_k_audio,
-                                       greedy=greedy, generator=generator, n_q=self.n_q)
-            frame = step_commit(lm, fs, text, audio, cfg.delay_steps)
+                if draws:
+                    for noise in audio_noise:
+                        noise.copy_(exponential_noise(*noise.shape, generator=generator, device=lm.device))
+                frame = step.audio()
+            else:
+                frame = step.commit()
             if t >= cfg.max_delay:
                 frames.append(frame.clone())
         stacked = torch.stack(frames, dim=2) if frames else torch.zeros(B, cfg.n_q + 1, 0, dtype=torch.long)
@@ -163,11 +191,11 @@ class DSMTTS:
 
         ``voice``: a Kyutai voice file or tensor [1, C, 125] (required by the 1.6b layout);
         ``seed`` seeds a private generator; ``greedy`` takes argmax everywhere. Returns a
-        :class:`SynthesisResult`; word starts are (consumption step − 2) / 12.5 s, since the first
-        2 decoded frames (the forced initial padding) are dropped. Mimi decodes frame by frame, as
-        the streaming loop and the reference do (beyond the Mimi transformer's context, 10 s, that
-        differs slightly from a whole-sequence decode: the ring cache holds exactly ``context``
-        entries, in the reference as here).
+        :class:`SynthesisResult`; word starts are :meth:`word_start_s`, since the first
+        :attr:`skip_frames` decoded frames (the forced initial padding) are dropped. Mimi decodes
+        frame by frame, as the streaming loop and the reference do (beyond the Mimi transformer's
+        context, 10 s, that differs slightly from a whole-sequence decode: the ring cache holds
+        exactly ``context`` entries, in the reference as here).
         """
         cond_sum, cross = self.conditions(voice)
         entries = self.script(text)
@@ -178,9 +206,8 @@ class DSMTTS:
         out = self.generate([entries], cond_sum, cross, greedy=greedy, generator=gen)
         state = out.states[0]
         audio_codes = out.frames[0, 1:1 + self.n_q, self.cfg.delay_steps:]
-        skip = 2
-        end = state.end_step if state.end_step is not None else audio_codes.shape[1] - skip
-        keep = audio_codes[:, skip:skip + end]
+        skip = self.skip_frames
+        keep = audio_codes[:, skip:self.turn_frames(state.end_step)]
         if keep.shape[1] == 0:
             pcm = np.zeros(0, dtype=np.float32)
         else:
@@ -189,8 +216,7 @@ class DSMTTS:
             chunks = [self.mimi.decode(codes[:, :, i:i + 1], mimi_state) for i in range(codes.shape[2])]
             pcm_t = torch.cat(chunks[skip:], dim=-1)[0, 0].clamp(-1, 1)
             pcm = pcm_t.float().cpu().numpy().astype(np.float32)
-        rate = self.cfg.mimi.frame_rate
-        words = [(w, max(0.0, (step - skip) / rate)) for w, step in state.transcript]
+        words = [(w, self.word_start_s(step)) for w, step in state.transcript]
         return SynthesisResult(pcm, self.sample_rate, words, keep.cpu().to(torch.int64), state.end_step,
                                out.logged[0])
 

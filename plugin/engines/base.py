@@ -3,8 +3,17 @@
 An :class:`Engine` is loaded once per process and shared by all sessions. Each turn opens a
 :class:`SynthesisStream` with :meth:`Engine.stream`; the caller pushes text chunks as the LLM
 writes them (a chunk may split a word anywhere), calls :meth:`SynthesisStream.end_input` at
-the end of the turn, and iterates the stream for :class:`AudioChunk` and :class:`WordEvent`
-items until it ends. :meth:`SynthesisStream.cancel` drops the turn at once (barge-in).
+the end of the turn, and iterates the stream for :class:`AudioChunk`, :class:`WordEvent` and
+:class:`ErrorEvent` items until it ends. :meth:`SynthesisStream.cancel` drops the turn at once
+(barge-in).
+
+The input side is shared: the base stream runs the turn's text through
+:class:`myna.text.TextIntake` (markup, line breaks, whole words, scripts) and hands the engine
+words (:meth:`SynthesisStream._on_words`) and pauses (:meth:`SynthesisStream._on_pause`). It
+also keeps the turn's clock: a word with nothing after it is complete once the text has been
+quiet for :data:`QUIET_S` (LLM tokens carry their space in front, so a sentence's last word
+would otherwise wait for the next token), and an engine may ask to be woken at a deadline of
+its own (:meth:`SynthesisStream._next_deadline`, e.g. Piper's first-phrase wait).
 
 Streams never run model code on the event loop: engines synthesise on their own threads and
 hand results back through asyncio queues.
@@ -14,12 +23,17 @@ from __future__ import annotations
 
 import abc
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 import numpy as np
 
-from myna.text import WordSegmenter
+from myna.text import Pause, Skipped, TextIntake
+from myna.text.scripts import LATIN
+
+#: A word with nothing after it is complete after this much quiet in the text (s).
+QUIET_S = 0.15
 
 
 @dataclass(frozen=True)
@@ -53,7 +67,25 @@ class WordEvent:
     start_ms: float
 
 
-StreamItem = AudioChunk | WordEvent
+#: Error codes a turn survives (:class:`ErrorEvent`): the ``error`` event is followed by the
+#: rest of the turn's audio and its ``turn_done``.
+NON_FATAL_CODES = frozenset({"unsupported_language"})
+
+
+@dataclass(frozen=True)
+class ErrorEvent:
+    """A problem with part of a turn that the turn survives: the client gets an ``error`` event
+    (``code``, ``message``) and the rest of the turn is spoken.
+
+    Codes (:data:`NON_FATAL_CODES`): ``unsupported_language`` (words in a script the voice
+    cannot read were left out; the message names the script).
+    """
+
+    code: str
+    message: str
+
+
+StreamItem = AudioChunk | WordEvent | ErrorEvent
 
 
 def spoken_word(word: str) -> str:
@@ -77,16 +109,33 @@ class EngineError(Exception):
 class SynthesisStream(abc.ABC):
     """One turn of streaming synthesis.
 
-    Subclasses implement :meth:`_on_words`, :meth:`_on_end_input` and :meth:`_on_cancel`;
-    they publish results with :meth:`_emit` and finish with :meth:`_finish`. The base class
-    owns word segmentation (:class:`myna.text.WordSegmenter`), so a word split across chunks
-    reaches the engine whole.
+    Subclasses implement :meth:`_on_words`, :meth:`_on_end_input` and :meth:`_on_cancel`
+    (and, if they can, :meth:`_on_pause`, :meth:`_on_quiet`, :meth:`_next_deadline`); they
+    publish results with :meth:`_emit` and finish with :meth:`_finish`. The base class owns the
+    text intake (:class:`myna.text.TextIntake`), so a word split across chunks reaches the
+    engine whole, markup never does, and words in a script the voice cannot read become an
+    :class:`ErrorEvent` (``unsupported_language``, once per script and turn) instead.
+
+    Args:
+        scripts: the scripts the voice reads (:mod:`myna.text.scripts`).
+        clock: the turn's clock in seconds (default: the event loop's).
+        call_later: schedules ``callback()`` after ``delay`` seconds and returns a handle with
+            ``cancel()`` (default: the event loop's); tests pass a manual timer.
+        quiet_s: quiet time after which a word with nothing after it is complete (s).
     """
 
-    def __init__(self) -> None:
-        self._segmenter = WordSegmenter()
+    def __init__(self, *, scripts: frozenset[str] = LATIN, clock: Callable[[], float] | None = None,
+                 call_later: Callable[[float, Callable[[], None]], Any] | None = None,
+                 quiet_s: float = QUIET_S) -> None:
+        self._intake = TextIntake(scripts)
         self._queue: asyncio.Queue[StreamItem | BaseException | None] = asyncio.Queue()
         self._loop = asyncio.get_running_loop()
+        self._clock = clock or self._loop.time
+        self._call_later = call_later or self._loop.call_later
+        self._quiet_s = quiet_s
+        self._text_at: float | None = None  # when the last chunk came, until the quiet after it
+        self._timer = None
+        self._reported_scripts: set[str] = set()
         self._input_ended = False
         self._cancelled = False
 
@@ -99,18 +148,17 @@ class SynthesisStream(abc.ABC):
         """
         if self._input_ended or self._cancelled:
             raise RuntimeError("push_text after end_input/cancel")
-        words = self._segmenter.push(chunk)
-        if words:
-            self._on_words(words)
+        self._text_at = self._clock()
+        self._take(self._intake.push(chunk))
+        self._arm()
 
     def end_input(self) -> None:
         """No more text for this turn: synthesise what is buffered, then end the stream."""
         if self._input_ended or self._cancelled:
             return
         self._input_ended = True
-        words = self._segmenter.flush()
-        if words:
-            self._on_words(words)
+        self._disarm()
+        self._take(self._intake.flush())
         self._on_end_input()
 
     def cancel(self) -> None:
@@ -118,6 +166,7 @@ class SynthesisStream(abc.ABC):
         if self._cancelled:
             return
         self._cancelled = True
+        self._disarm()
         self._on_cancel()
         self._finish()
 
@@ -139,10 +188,78 @@ class SynthesisStream(abc.ABC):
             if not self._cancelled:
                 yield item
 
+    # -- the turn's clock ----------------------------------------------------------------
+    def _now(self) -> float:
+        """The turn's clock (s)."""
+        return self._clock()
+
+    def _take(self, items) -> None:
+        """Hand intake items to the engine: runs of words, pauses, skipped-script reports."""
+        words: list[str] = []
+        for item in items:
+            if isinstance(item, str):
+                words.append(item)
+                continue
+            if words:
+                self._on_words(words)
+                words = []
+            if isinstance(item, Pause):
+                self._on_pause(item.ms)
+            elif isinstance(item, Skipped) and item.script not in self._reported_scripts:
+                self._reported_scripts.add(item.script)
+                self._emit(ErrorEvent("unsupported_language",
+                                      f"the voice does not read {item.script} script; "
+                                      f"left out: {item.word!r} (and any more {item.script} text in this turn)"))
+        if words:
+            self._on_words(words)
+
+    def _arm(self) -> None:
+        """Schedule the next wake-up: the quiet time after the last chunk, or the engine's deadline."""
+        self._disarm()
+        due = [self._text_at + self._quiet_s] if self._text_at is not None else []
+        engine_due = self._next_deadline()
+        if engine_due is not None:
+            due.append(engine_due)
+        if due:
+            self._timer = self._call_later(max(0.0, min(due) - self._clock()), self._on_timer)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if self._input_ended or self._cancelled:
+            return
+        now = self._clock()
+        if self._text_at is not None and now >= self._text_at + self._quiet_s:
+            self._text_at = None  # quiet: what waited for more text is complete
+            self._take(self._intake.settle())
+            self._on_quiet()
+        engine_due = self._next_deadline()
+        if engine_due is not None and now >= engine_due:
+            self._on_deadline(now)
+        self._arm()
+
     # -- engine side -------------------------------------------------------------------
     @abc.abstractmethod
     def _on_words(self, words: list[str]) -> None:
         """Whole, normalised words are available (called on the event loop)."""
+
+    def _on_pause(self, ms: float) -> None:
+        """The text asks for a pause here: ``ms`` of silence (``<break>``), or 0 for a phrase
+        boundary (a line break). Engines that cannot place silence ignore it (optional)."""
+
+    def _on_quiet(self) -> None:
+        """The text has been quiet for the quiet time: decide what waited for more (optional)."""
+
+    def _next_deadline(self) -> float | None:
+        """When to call :meth:`_on_deadline` next (the turn's clock, s), or None (optional)."""
+        return None
+
+    def _on_deadline(self, now: float) -> None:
+        """The deadline from :meth:`_next_deadline` has passed (optional)."""
 
     @abc.abstractmethod
     def _on_end_input(self) -> None:
@@ -180,11 +297,14 @@ class Engine(abc.ABC):
             first audio is there and treats a late chunk as a pause between words (a gap);
             a frame-level engine (DSM), whose chunks may end inside a word, is re-buffered
             instead (:mod:`myna.audio.playout`).
+        scripts: the scripts the voice reads.
     """
 
     name: str
     sample_rate: int
     chunks_end_at_words: bool = False
+    #: Scripts the voice reads (Unicode script names); other words get ``unsupported_language``.
+    scripts: frozenset[str] = LATIN
 
     @property
     def voices(self) -> list[str]:

@@ -38,19 +38,31 @@ import logging
 import os
 import threading
 import time
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from myna.engines.base import AudioChunk, Engine, EngineError, StreamItem, SynthesisStream, WordEvent, spoken_word
 from myna.engines.scheduler import HORIZON_S, MAX_JOB_S, ComputeCost, DeadlineScheduler
-from myna.text import ClauseChunker
-from myna.text.normalise import has_speech
+from myna.text import ClauseChunker, Pause, SentenceChunker, WholeChunker
+from myna.text.normalise import ends_clause
+from myna.text.verbalise import verbalise
 
 log = logging.getLogger(__name__)
 
-#: Leading silence kept before the first audible sample of a turn (ms).
+#: Leading silence kept before the first audible sample of a turn, or after a pause (ms).
 LEAD_IN_MS = 5.0
+#: Silence kept at the end of a unit cut mid-phrase, and before the next unit's first sound
+#: (ms): together shorter than a pause, long enough not to clip a soft word edge ("f", "d"),
+#: which costs intelligibility (Whisper heard "old fence" as "old vents" with 15 + 5 ms).
+JOIN_MS = 50.0
+JOIN_LEAD_MS = 30.0
+#: The first phrase of a streamed turn ends after this many words at most (issue 10).
+FIRST_PHRASE_WORDS = 4
+#: ... or this long after its first word is complete (s), whichever comes first.
+FIRST_PHRASE_WAIT_S = 0.25
 #: The shortest piece a unit is split into (characters, about 12 words). Every cut inside a
 #: clause is heard: Piper ends each piece like a sentence ("booked" at a piece's end came out as
 #: "book"), and Whisper tiny.en misheard 1.9 words of 12 per cut (WER 0.16 against 0.0 whole,
@@ -60,6 +72,7 @@ MIN_JOB_CHARS = 64
 #: Synthesised at start-up (after a first run that pays for set-up) to measure the cost of a job.
 WARM_UP_TEXTS = ("Hello there.", "The voice is loaded, warmed up and ready to speak to you now.")
 _SILENCE = 0.003  # |sample| below this counts as silence when trimming the turn's start
+_PAUSES = ",;:.!?…—"  # a piece of a long unit preferably ends after one of these
 
 
 def default_workers() -> int:
@@ -67,68 +80,13 @@ def default_workers() -> int:
     return max(1, (os.cpu_count() or 2) - 1)
 
 
-_SENTENCE_END = ".!?…"
-_PAUSES = ",;:.!?…—"  # a piece of a long unit preferably ends after one of these
-_CLOSERS = "\"'”’)]}*_"
-
-
-class SentenceChunker:
-    """Like :class:`ClauseChunker`, but a unit ends only at a sentence end (``. ! ? …``).
-
-    A unit also ends after ``max_words`` words or ``max_chars`` characters without one (at a
-    word boundary), so a reply without punctuation cannot hold a thread forever.
-    """
-
-    def __init__(self, max_words: int = 60, max_chars: int = 480) -> None:
-        self.max_words, self.max_chars = max_words, max_chars
-        self._words: list[str] = []
-        self._chars = 0
-
-    def push(self, word: str) -> list[str]:
-        units = []
-        for w in word.split():
-            self._words.append(w)
-            self._chars += len(w) + 1
-            core = w.rstrip(_CLOSERS)
-            at_end = bool(core) and core[-1] in _SENTENCE_END and not _is_abbreviation(w)
-            if at_end or len(self._words) >= self.max_words or self._chars >= self.max_chars:
-                units += self.flush()
-        return units
-
-    def flush(self) -> list[str]:
-        unit, self._words, self._chars = " ".join(self._words), [], 0
-        return [unit] if has_speech(unit) else []
-
-
-class WholeChunker(SentenceChunker):
-    """The whole reply is one unit, returned at the end of the turn (a non-streaming pipeline).
-
-    Capped at ``max_chars`` characters per unit (at a word boundary) so one turn cannot hold a
-    synthesis thread without bound; a normal reply is far shorter.
-    """
-
-    def __init__(self, max_chars: int = 4000) -> None:
-        super().__init__(max_words=10**9, max_chars=max_chars)
-
-    def push(self, word: str) -> list[str]:
-        units = []
-        for w in word.split():
-            self._words.append(w)
-            self._chars += len(w) + 1
-            if self._chars >= self.max_chars:
-                units += self.flush()
-        return units
-
-
-def _is_abbreviation(word: str) -> bool:
-    from myna.text.segment import _ABBREVIATIONS  # the clause chunker's list ("Dr." ends nothing)
-
-    return word.lower() in _ABBREVIATIONS
-
-
-#: Streaming strategies: the unit of synthesis → a chunker factory and a description.
+#: Streaming strategies: the unit of synthesis → a chunker factory and a description. The clause
+#: strategy speaks its first phrase early (issue 10): at the first clause break, or once
+#: :data:`FIRST_PHRASE_WORDS` words are complete, or :data:`FIRST_PHRASE_WAIT_S` after the first
+#: word, whichever comes first; later units are clause-sized.
 STRATEGIES = {
-    "clause": (ClauseChunker, "by clause: a unit ends at , ; : . ! ? … —"),
+    "clause": (partial(ClauseChunker, first_words=FIRST_PHRASE_WORDS, first_wait_s=FIRST_PHRASE_WAIT_S),
+               "by clause: a unit ends at , ; : . ! ? … — (the first phrase early)"),
     "sentence": (SentenceChunker, "by sentence: a unit ends at . ! ? …"),
     "whole": (WholeChunker, "whole reply: one unit, synthesised at end_turn"),
 }
@@ -258,6 +216,7 @@ class PiperEngine(Engine):
         cost, but never fewer than :data:`MIN_JOB_CHARS`."""
         return max(MIN_JOB_CHARS, self.cost.max_chars(self.max_job_s))
 
+
     def synthesize_clause(self, text: str) -> tuple[np.ndarray, list[float]]:
         """Synthesise one clause (blocking; call on a worker thread).
 
@@ -358,10 +317,55 @@ def _proportional_starts(words: list[str], n_samples: int) -> list[int]:
     return [int(e * n_samples) for e in edges]
 
 
-class PiperStream(SynthesisStream):
-    """One turn on the Piper engine: clauses are synthesised in order as they complete.
+@dataclass(frozen=True)
+class _Unit:
+    """One synthesis job: the written words (captions) and what the voice reads for each."""
 
-    Each unit from the chunker becomes one or more jobs (:func:`split_unit`, sized by
+    words: list[str]
+    spoken: list[str]
+
+    @property
+    def text(self) -> str:
+        return " ".join(self.spoken)
+
+    @property
+    def ends_phrase(self) -> bool:
+        """Whether the unit ends at punctuation (else it was cut mid-phrase: join it tightly)."""
+        return ends_clause(self.words[-1])
+
+    def word_starts(self, starts: list[float]) -> list[float]:
+        """Each written word's start: the start of the first spoken word it became."""
+        out, i = [], 0
+        for form in self.spoken:
+            out.append(starts[min(i, len(starts) - 1)] if starts else 0.0)
+            i += len(form.split())
+        return out
+
+    def split(self, max_chars: int) -> list["_Unit"]:
+        """The unit as jobs of about ``max_chars`` characters, cut between written words
+        (:func:`split_unit`); the unit itself when it fits."""
+        out, i = [], 0
+        for piece in split_unit(" ".join(self.words), max_chars):
+            n = len(piece.split())
+            out.append(_Unit(self.words[i:i + n], self.spoken[i:i + n]))
+            i += n
+        return out
+
+
+class PiperStream(SynthesisStream):
+    """One turn on the Piper engine: units are synthesised in order as they complete.
+
+    Each unit is verbalised first (:func:`myna.text.verbalise.verbalise`: prices, years, Roman
+    numerals, abbreviations in words; stops that end no sentence removed), with the words of
+    the unit before it as context; word events carry the written words. A ``<break>`` becomes
+    silence: its length less the silence already at the end of the audio before it, and the
+    unit after it starts with :data:`JOIN_LEAD_MS` of lead-in, so the gap heard is the pause (a
+    break before the turn's first words is dropped: it would only delay them). A unit cut
+    mid-phrase (the first phrase early, a long clause) keeps :data:`JOIN_MS` of its trailing
+    silence and the next unit :data:`JOIN_LEAD_MS` of its leading silence, so no pause is heard
+    where the text has none.
+
+    Each unit becomes one or more jobs (:meth:`_Unit.split`, sized by
     :meth:`PiperEngine.max_job_chars`), run in deadline order on the engine's scheduler, each
     due when the session's queued audio runs out (:meth:`_deadline`): ``group.audio_runs_out_at()``
     when the group offers it (a session knows its playout), else the stream's own estimate.
@@ -376,13 +380,15 @@ class PiperStream(SynthesisStream):
             lane: it measures a pipeline that speaks only once the reply is synthesised).
     """
 
-    def __init__(self, engine: PiperEngine, group: object = None, chunker=None, release_at_end: bool = False):
-        super().__init__()
+    def __init__(self, engine: PiperEngine, group: object = None, chunker=None, release_at_end: bool = False,
+                 **intake):
+        super().__init__(scripts=engine.scripts, **intake)
         self._engine = engine
         self._group = group
         self._chunker = chunker if chunker is not None else ClauseChunker()
         self._release_at_end = release_at_end
-        self._clauses: asyncio.Queue[str | None] = asyncio.Queue()
+        self._said: list[str] = []  # the last words handed to the voice: context for the next unit
+        self._clauses: asyncio.Queue[_Unit | Pause | None] = asyncio.Queue()
         self._waiting_since: float | None = None  # the first job's deadline (monotonic s)
         self._first_out_at: float | None = None  # when the turn's first audio was emitted (monotonic s)
         self._out_s = 0.0  # audio emitted so far (s)
@@ -396,14 +402,34 @@ class PiperStream(SynthesisStream):
         self._task = self._loop.create_task(self._run())
 
     def _on_words(self, words: list[str]) -> None:
+        now = self._now()
         for word in words:
-            for clause in self._chunker.push(word):
-                self._clauses.put_nowait(clause)
+            self._add_jobs(self._chunker.push(word, now))
+        self._add_jobs(self._chunker.poll(now))  # the first phrase, if this batch completed it
+
+    def _on_pause(self, ms: float) -> None:
+        self._add_jobs(self._chunker.pause(ms))
+
+    def _on_quiet(self) -> None:
+        self._add_jobs(self._chunker.settle())
+
+    def _next_deadline(self) -> float | None:
+        return self._chunker.deadline
+
+    def _on_deadline(self, now: float) -> None:
+        self._add_jobs(self._chunker.poll(now))
 
     def _on_end_input(self) -> None:
-        for clause in self._chunker.flush():
-            self._clauses.put_nowait(clause)
+        self._add_jobs(self._chunker.flush())
         self._clauses.put_nowait(None)
+
+    def _add_jobs(self, jobs: list[str | Pause]) -> None:
+        for job in jobs:
+            if isinstance(job, str):
+                words = job.split()
+                job = _Unit(words, verbalise(words, self._said))
+                self._said = words
+            self._clauses.put_nowait(job)
 
     def _on_cancel(self) -> None:
         self._engine.scheduler.drop(self)  # queued jobs go at once (barge-in)
@@ -417,28 +443,34 @@ class PiperStream(SynthesisStream):
     async def _run(self) -> None:
         rate = self._engine.sample_rate
         turn_ms = 0.0
-        first = True
+        lead_ms: float | None = LEAD_IN_MS  # leading silence to keep on the next audio (None: as made)
+        tail_ms = 0.0  # silence at the end of the audio so far
         held: list[StreamItem] = []  # release_at_end: everything, until the last job is done
         try:
             if self._after is not None:
                 await asyncio.shield(self._after)  # the group's previous turn first
-            while (clause := await self._clauses.get()) is not None:
-                for piece in split_unit(clause, self._engine.max_job_chars()):
-                    pcm, starts = await self._engine.synthesize(piece, deadline=self._deadline(), owner=self)
-                    if first:
-                        pcm, trimmed_ms = _trim_lead_in(pcm, rate)
+            while (unit := await self._clauses.get()) is not None:
+                if isinstance(unit, Pause):
+                    if turn_ms > 0:  # a pause before anything was said is no pause (and no first audio)
+                        pcm = np.zeros(int(rate * max(0.0, unit.ms - tail_ms) / 1000), np.float32)
+                        await self._out([AudioChunk(pcm=pcm, sample_rate=rate)], held)
+                        turn_ms, tail_ms, lead_ms = turn_ms + 1000.0 * len(pcm) / rate, 0.0, JOIN_LEAD_MS
+                    continue
+                for job in unit.split(self._engine.max_job_chars()):
+                    pcm, starts = await self._engine.synthesize(job.text, deadline=self._deadline(), owner=self)
+                    if lead_ms is not None:
+                        pcm, trimmed_ms = _trim_lead_in(pcm, rate, lead_ms)
                         starts = [max(0.0, s - trimmed_ms) for s in starts]
-                        first = len(pcm) == 0
+                        lead_ms = lead_ms if len(pcm) == 0 else None
+                    if not job.ends_phrase:
+                        pcm, lead_ms = _trim_tail(pcm, rate, JOIN_MS), JOIN_LEAD_MS
                     items: list[StreamItem] = [WordEvent(word=spoken_word(word), start_ms=turn_ms + start)
-                                               for word, start in zip(piece.split(), starts)]
+                                               for word, start in zip(job.words, job.word_starts(starts))]
                     if len(pcm):
                         items.append(AudioChunk(pcm=pcm, sample_rate=rate))
+                        tail_ms = _tail_silence_ms(pcm, rate)
                     turn_ms += 1000.0 * len(pcm) / rate
-                    if self._release_at_end:
-                        held += items
-                    else:
-                        self._emit_all(items)
-                        await asyncio.sleep(0)  # let the session queue it before the next deadline is asked
+                    await self._out(items, held)
             self._emit_all(held)
         except asyncio.CancelledError:
             pass
@@ -448,6 +480,14 @@ class PiperStream(SynthesisStream):
         finally:
             self._release()
             self._finish()
+
+    async def _out(self, items: list[StreamItem], held: list[StreamItem]) -> None:
+        """Emit a job's items, or hold them until the turn's end (``release_at_end``)."""
+        if self._release_at_end:
+            held += items
+        else:
+            self._emit_all(items)
+            await asyncio.sleep(0)  # let the session queue it before the next deadline is asked
 
     def _emit_all(self, items: list[StreamItem]) -> None:
         for item in items:
@@ -543,10 +583,22 @@ def _cut_quality(word: str, following: str) -> float:
     return score
 
 
-def _trim_lead_in(pcm: np.ndarray, sample_rate: int) -> tuple[np.ndarray, float]:
-    """Drop leading silence, keeping :data:`LEAD_IN_MS`; returns (pcm, ms removed)."""
+def _trim_tail(pcm: np.ndarray, sample_rate: int, keep_ms: float) -> np.ndarray:
+    """Drop trailing silence, keeping ``keep_ms``."""
+    loud = np.nonzero(np.abs(pcm) > _SILENCE)[0]
+    return pcm[: int(loud[-1]) + 1 + int(sample_rate * keep_ms / 1000)] if len(loud) else pcm
+
+
+def _tail_silence_ms(pcm: np.ndarray, sample_rate: int) -> float:
+    """How long the audio is silent at its end (ms)."""
+    loud = np.nonzero(np.abs(pcm) > _SILENCE)[0]
+    return 1000.0 * (len(pcm) - (int(loud[-1]) + 1 if len(loud) else 0)) / sample_rate
+
+
+def _trim_lead_in(pcm: np.ndarray, sample_rate: int, keep_ms: float = LEAD_IN_MS) -> tuple[np.ndarray, float]:
+    """Drop leading silence, keeping ``keep_ms``; returns (pcm, ms removed)."""
     loud = np.nonzero(np.abs(pcm) > _SILENCE)[0]
     if not len(loud):
         return pcm[:0], 0.0
-    cut = max(0, int(loud[0]) - int(sample_rate * LEAD_IN_MS / 1000))
+    cut = max(0, int(loud[0]) - int(sample_rate * keep_ms / 1000))
     return pcm[cut:], 1000.0 * cut / sample_rate

@@ -3,8 +3,9 @@
 Both plug-ins (:mod:`myna.integrations.pipecat`, :mod:`myna.integrations.livekit`) speak to a
 :class:`Backend`, which opens one :class:`Turn` per utterance. A turn takes text as the LLM
 writes it (:meth:`Turn.push_text`, :meth:`Turn.end_input`), and yields :class:`Audio`
-(s16le mono PCM at :attr:`Backend.sample_rate`) and :class:`Word` items as they exist;
-:meth:`Turn.cancel` drops it at once (barge-in).
+(s16le mono PCM at :attr:`Backend.sample_rate`), :class:`Word` and :class:`Notice` items as
+they exist; :meth:`Turn.cancel` drops it at once (barge-in). A turn with nothing speakable in
+it (``"👍"``, ``"..."``) ends with no items and no error.
 
 - :class:`LocalBackend` runs an :class:`~myna.engines.Engine` in this process (by default the
   embedded Piper voice) and resamples its output with soxr.
@@ -29,7 +30,9 @@ import aiohttp
 import numpy as np
 import soxr
 
-from myna.engines import AudioChunk, Engine, EngineError
+from myna.engines import AudioChunk, Engine, EngineError, ErrorEvent
+from myna.engines.base import NON_FATAL_CODES
+from myna.text.scripts import LATIN
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +55,16 @@ class Word:
     start_s: float
 
 
-TurnItem = Audio | Word
+@dataclass(frozen=True)
+class Notice:
+    """A problem the turn survives (e.g. ``unsupported_language``: words in a script the voice
+    cannot read were left out); the rest of the turn follows."""
+
+    code: str
+    message: str
+
+
+TurnItem = Audio | Word | Notice
 
 
 class MynaError(Exception):
@@ -91,9 +103,11 @@ class Backend(abc.ABC):
 
     Attributes:
         sample_rate: rate of every :class:`Audio` item (Hz).
+        scripts: the scripts the voice reads (known after :meth:`start` for a remote worker).
     """
 
     sample_rate: int
+    scripts: frozenset[str] = LATIN
 
     async def start(self) -> None:
         """Load the engine or open (and check) a first connection."""
@@ -150,6 +164,7 @@ class LocalBackend(Backend):
         self.engine = engine
         self.voice = voice
         self.sample_rate = sample_rate or engine.sample_rate
+        self.scripts = engine.scripts
 
     async def start(self) -> None:
         if self._owned:
@@ -189,6 +204,8 @@ class _LocalTurn(Turn):
                     x = item.pcm if self._resampler is None else self._resampler.resample_chunk(item.pcm)
                     if len(x):
                         yield Audio(_to_s16(x))
+                elif isinstance(item, ErrorEvent):
+                    yield Notice(item.code, item.message)
                 else:
                     yield Word(item.word, item.start_ms / 1000.0)
         except EngineError as exc:
@@ -246,6 +263,7 @@ class RemoteBackend(Backend):
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
             raise MynaError("connection_failed", f"cannot reach {self.url}: {exc or type(exc).__name__}") from None
         self._all.add(conn)
+        self.scripts = frozenset(conn.ready.get("scripts") or LATIN)
         return conn
 
     async def open_turn(self) -> Turn:
@@ -404,6 +422,8 @@ class _RemoteTurn(Turn):
             self._done = True
             self._items.put_nowait(None)
             self._conn.finish(self)
+        elif kind == "error" and event.get("code") in NON_FATAL_CODES:
+            self._deliver(Notice(event["code"], event.get("message", "")))
         elif kind == "error":
             self._deliver_error(MynaError(event.get("code", "error"), event.get("message", "")))
 

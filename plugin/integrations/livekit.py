@@ -21,20 +21,33 @@ How it meets the ``tts.TTS`` contract (livekit-agents 1.x, ``livekit/agents/tts/
 - :meth:`TTS.synthesize` (non-streaming) wraps a stream (``_synthesize_with_stream``).
 - Barge-in: ``aclose()`` on the stream cancels ``_run``; the Myna turn is cancelled with it
   (remote: ``interrupt`` on the turn's WebSocket, whose connection then goes back to the pool).
+- Segments with nothing to say (``"..."``, ``":)"``, ``"**"``, emoji, markup): the framework
+  raises "no audio frames were pushed" for a segment whose text is not blank but which gave no
+  audio, and retries it, and an agent session closes after a few such errors. Nothing to say is
+  not a failure, so such a segment gets :data:`EMPTY_SEGMENT_MS` of silence: no error, no
+  retry, nothing spoken.
+- Problems a turn survives (``unsupported_language``) are logged as warnings; the rest of the
+  segment is spoken.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from livekit.agents import APIConnectionError, APIConnectOptions, APIError, tts
 from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS, TimedString
 from livekit.agents.utils import shortuuid
 
 from myna.engines import Engine
-from myna.integrations.backend import Audio, Backend, LocalBackend, MynaError, RemoteBackend, Turn
+from myna.integrations.backend import Audio, Backend, LocalBackend, MynaError, Notice, RemoteBackend, Turn
 
 __all__ = ["TTS", "SynthesizeStream"]
+
+log = logging.getLogger(__name__)
+
+#: Silence given to a segment with nothing speakable in it (ms), so the framework sees audio.
+EMPTY_SEGMENT_MS = 10
 
 
 class TTS(tts.TTS):
@@ -139,8 +152,7 @@ class SynthesizeStream(tts.SynthesizeStream):
                 if isinstance(item, self._FlushSentinel):
                     if turn is not None:
                         await turn.end_input()
-                        await reader  # the segment's audio, to its end
-                        output_emitter.end_segment()
+                        await self._finish_segment(reader, output_emitter)
                         turn = reader = None
                     continue
                 if turn is None:
@@ -151,8 +163,7 @@ class SynthesizeStream(tts.SynthesizeStream):
                 await turn.push_text(item)
             if turn is not None:  # input closed without a flush
                 await turn.end_input()
-                await reader
-                output_emitter.end_segment()
+                await self._finish_segment(reader, output_emitter)
                 turn = reader = None
         except MynaError as exc:
             raise _api_error(exc) from None
@@ -164,13 +175,27 @@ class SynthesizeStream(tts.SynthesizeStream):
                 await turn.cancel()
 
 
-async def _emit(turn: Turn, emitter: tts.AudioEmitter) -> None:
-    """Push a turn's PCM and word timings into the emitter until the turn ends."""
+    async def _finish_segment(self, reader: asyncio.Task, emitter: tts.AudioEmitter) -> None:
+        """Wait for the segment's audio to its end, then end the segment (with a little silence
+        if the text had nothing to say)."""
+        if not await reader:
+            emitter.push(bytes(2 * (self._myna.sample_rate * EMPTY_SEGMENT_MS // 1000)))
+        emitter.end_segment()
+
+
+async def _emit(turn: Turn, emitter: tts.AudioEmitter) -> int:
+    """Push a turn's PCM and word timings into the emitter until the turn ends; returns the
+    number of PCM bytes pushed."""
+    pushed = 0
     async for item in turn:
         if isinstance(item, Audio):
             emitter.push(item.pcm)
+            pushed += len(item.pcm)
+        elif isinstance(item, Notice):
+            log.warning("myna: %s: %s", item.code, item.message)
         else:
             emitter.push_timed_transcript(TimedString(item.word + " ", start_time=item.start_s))
+    return pushed
 
 
 def _api_error(exc: MynaError) -> APIError:

@@ -27,7 +27,26 @@ How it meets Pipecat's ``TTSService`` contract (pipecat-ai 1.x, ``services/tts_s
 - **Barge-in.** On ``InterruptionFrame`` the base calls :meth:`on_audio_context_interrupted`
   for every open context, also one that has produced no audio yet: the Myna turn is cancelled
   (remote: ``interrupt`` on its WebSocket) and its receive task stopped, so no audio of the old
-  context is appended afterwards; anything late is dropped because the context is gone.
+  context is appended afterwards; anything late is dropped because the context is gone. A turn
+  whose context had already gone quiet (the base closes a context after ``stop_frame_timeout_s``
+  without audio) is cancelled too.
+- **Replies with nothing to say.** The base opens an audio context (``TTSStartedFrame``) for
+  any text that is not whitespace, and counts a context that completes without audio as a
+  failure (three in a row make the service unusable). ``"👍"``, ``"..."`` or ``"**"`` are not
+  failures, so a text transform (the last in ``text_transforms``) holds a reply's text until
+  it has a word the voice would speak (:func:`myna.text.intake.speech_in`: markup, emoji and
+  scripts the voice cannot read are not words). A reply that never has one opens no context:
+  nothing is spoken, nothing is reported but the left-out script, if any, and the next reply
+  is spoken as usual.
+- **Problems a turn survives** (``unsupported_language``) are reported with ``push_error``
+  (category ``APPLICATION``: the text, not the service, is at fault); the rest is spoken.
+- **The end of a reply** ends the Myna turn's input, also when its context went quiet before
+  (so its last words are spoken and the turn finishes).
+- **Pauses inside a reply.** Myna speaks a finished sentence at once, but Pipecat's TOKEN-mode
+  sentence aggregator confirms it (and so its transcript frames) only at the next token. The
+  base closes an audio context that has had no audio for ``stop_frame_timeout_s`` and drops
+  words not yet confirmed; Myna ends its contexts itself, so the default here is
+  :data:`STOP_FRAME_TIMEOUT_S`, and an LLM that pauses mid-reply loses no transcript.
 """
 
 from __future__ import annotations
@@ -36,12 +55,24 @@ import asyncio
 from collections.abc import AsyncGenerator
 
 from loguru import logger
-from pipecat.frames.frames import CancelFrame, EndFrame, Frame, StartFrame, TTSAudioRawFrame, TTSStoppedFrame
+from pipecat.frames.frames import (
+    CancelFrame, EndFrame, Frame, InterruptionFrame, StartFrame, TTSAudioRawFrame, TTSStoppedFrame,
+)
+from pipecat.processors.frame_processor import FrameDirection
 from pipecat.services.settings import TTSSettings
 from pipecat.services.tts_service import TextAggregationMode, TTSService
+from pipecat.utils.errors import ErrorCategory
 
 from myna.engines import Engine
-from myna.integrations.backend import Audio, Backend, MynaError, Turn, create_backend
+from myna.integrations.backend import Audio, Backend, MynaError, Notice, Turn, create_backend
+from myna.text.intake import speech_in
+
+
+#: How long an audio context may go without audio before the base closes it (s). Myna ends every
+#: context itself when its turn is done, so this is only a safety net; Pipecat's default (3 s)
+#: would close a reply's context during an LLM pause, and with it the words of a sentence that
+#: Pipecat's own sentence aggregator has not yet confirmed (it waits for the next token).
+STOP_FRAME_TIMEOUT_S = 30.0
 
 
 class MynaTTSService(TTSService):
@@ -72,6 +103,8 @@ class MynaTTSService(TTSService):
         if engine is not None and url is not None:
             raise ValueError("pass either engine (in-process) or url (remote), not both")
         model = url is not None and (engine_name or "default") or (engine.name if engine else "piper")
+        transforms = [*(kwargs.pop("text_transforms", None) or []), ("*", self._hold_until_speech)]
+        kwargs.setdefault("stop_frame_timeout_s", STOP_FRAME_TIMEOUT_S)
         super().__init__(
             text_aggregation_mode=text_aggregation_mode,
             push_start_frame=True,
@@ -79,6 +112,7 @@ class MynaTTSService(TTSService):
             push_text_frames=False,
             sample_rate=sample_rate,
             settings=TTSSettings(model=model, voice=voice, language=None),
+            text_transforms=transforms,
             **kwargs,
         )
         self._engine = engine
@@ -88,6 +122,9 @@ class MynaTTSService(TTSService):
         self._backend: Backend | None = None
         self._turns: dict[str, Turn] = {}
         self._receivers: dict[str, asyncio.Task] = {}
+        self._replies: list[str] = []  # contexts whose text is still being written, innermost last
+        self._held = ""  # the open reply's text so far, while it has nothing to speak
+        self._speaking = False  # the open reply's text has reached Myna
 
     def can_generate_metrics(self) -> bool:
         """True: TTFB (and TTFA) metrics are produced when the pipeline enables metrics."""
@@ -142,6 +179,38 @@ class MynaTTSService(TTSService):
             await self.push_error(error_msg=f"Myna TTS: {exc}", exception=exc)
         yield None
 
+    async def _hold_until_speech(self, text: str, text_type: str) -> str:
+        """Text transform: pass a reply's text on only from its first speakable word (an empty
+        result opens no audio context), then everything as it comes."""
+        if self._speaking:
+            return text
+        self._held += text
+        if not speech_in(self._held, self._backend.scripts)[0]:
+            return ""
+        text, self._held, self._speaking = self._held, "", True
+        return text
+
+    async def on_turn_context_created(self, context_id: str):
+        """A reply (or a speak frame) starts: its text is held until it has speech."""
+        await super().on_turn_context_created(context_id)
+        self._replies.append(context_id)
+        self._held, self._speaking = "", False
+
+    async def on_turn_context_completed(self):
+        """A reply's text is complete: end its turn's input (also if its context went quiet)."""
+        context_id = self._replies.pop() if self._replies else None
+        held, self._held, self._speaking = self._held, "", False
+        if held and self._backend is not None:  # the reply never had speech: only what was left out to report
+            first_by_script: dict[str, str] = {}
+            for skipped in speech_in(held, self._backend.scripts)[1]:
+                first_by_script.setdefault(skipped.script, skipped.word)
+            for script, word in first_by_script.items():
+                await self._notice(Notice("unsupported_language",
+                                          f"the voice does not read {script} script; left out: {word!r}"))
+        if context_id is not None:
+            await self.flush_audio(context_id)
+        await super().on_turn_context_completed()
+
     async def flush_audio(self, context_id: str | None = None):
         """End of the LLM reply: end the turn's input so its last words are spoken."""
         turn = self._turns.get(context_id or self.get_active_audio_context_id() or "")
@@ -157,6 +226,19 @@ class MynaTTSService(TTSService):
         await self._drop(context_id)
         await super().on_audio_context_interrupted(context_id)
 
+    async def process_frame(self, frame: Frame, direction: FrameDirection):
+        """After an interruption, also drop turns whose context had gone quiet (no hook for them)."""
+        await super().process_frame(frame, direction)
+        if isinstance(frame, InterruptionFrame):
+            self._replies = [c for c in self._replies if self.audio_context_available(c)]
+            self._held, self._speaking = "", False
+            for context_id in [c for c in self._turns if not self.audio_context_available(c)]:
+                await self._drop(context_id)
+
+    async def _notice(self, notice: Notice) -> None:
+        logger.warning(f"{self}: {notice.code}: {notice.message}")
+        await self.push_error(error_msg=f"Myna TTS: {notice.code}: {notice.message}", category=ErrorCategory.APPLICATION)
+
     async def _drop(self, context_id: str) -> None:
         turn = self._turns.pop(context_id, None)
         task = self._receivers.pop(context_id, None)
@@ -169,7 +251,10 @@ class MynaTTSService(TTSService):
         """Append the turn's audio and words to its audio context, then close the context."""
         try:
             async for item in turn:
-                if not self.audio_context_available(context_id) and context_id != self._turn_context_id:
+                if isinstance(item, Notice):
+                    await self._notice(item)
+                    continue
+                if not self.audio_context_available(context_id) and context_id not in self._replies:
                     continue  # the context is gone (interrupted, or timed out after its reply): drop it
                 # (A context that timed out mid-reply is recreated by append_to_audio_context.)
                 if isinstance(item, Audio):

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import socket
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -44,25 +46,59 @@ def token_chunks(text: str, piece: int = 4) -> list[str]:
     return chunks
 
 
-async def wait_until_ready(url: str, timeout: float = 60.0) -> None:
+async def wait_until_ready(url: str, timeout: float = 60.0, *, starting: bool = True) -> None:
     """Wait until ``GET {url}/healthz`` answers 200 (the worker's engines are warm).
 
+    Only a worker that is still loading its engines (HTTP 503) is worth waiting for: any other
+    answer fails at once, and so does a URL that is not http(s).
+
+    Args:
+        url: the worker's base URL, e.g. ``http://127.0.0.1:8080``.
+        timeout: seconds to wait for a loading worker.
+        starting: the worker may not be listening yet (one this process has just started), so
+            a refused connection is retried too. With False it fails at once.
+
     Raises:
-        TimeoutError: not ready within ``timeout`` seconds (the message says what was seen).
+        ValueError: ``url`` is not an http(s) URL with a host.
+        ConnectionError: nothing answers at ``url`` (only with ``starting=False``).
+        RuntimeError: something answers at ``url``, but not as a worker (neither 200 nor 503).
+        TimeoutError: still loading (or, with ``starting``, not listening) after ``timeout`` s.
     """
+    parts = urlparse(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{url!r} is not a worker URL: give it with its scheme, e.g. http://127.0.0.1:8080")
     deadline = time.monotonic() + timeout
     last = "no answer"
     async with aiohttp.ClientSession() as http:
         while time.monotonic() < deadline:
             try:
-                async with http.get(f"{url}/healthz", timeout=aiohttp.ClientTimeout(total=2)) as resp:
+                async with http.get(f"{url}/healthz", timeout=aiohttp.ClientTimeout(total=5)) as resp:
                     if resp.status == 200:
                         return
-                    last = f"HTTP {resp.status}"
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                last = str(exc) or type(exc).__name__
+                    if resp.status != 503:
+                        raise RuntimeError(f"{url}/healthz answered HTTP {resp.status} {resp.reason}: not a Myna "
+                                           "worker (give the worker's base URL, e.g. http://127.0.0.1:8080)")
+                    last = "HTTP 503, still loading"
+            except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+                reason = _connection_failure(exc)
+                if not starting:
+                    hint = " (is `myna serve` running there?)" if reason == "connection refused" else ""
+                    raise ConnectionError(f"cannot reach {url}: {reason}{hint}") from None
+                last = reason
             await asyncio.sleep(0.25)
     raise TimeoutError(f"{url} is not ready after {timeout:.0f} s ({last})")
+
+
+def _connection_failure(exc: BaseException) -> str:
+    """A short reason for a failed request: "connection refused", "no answer within 5 s"…"""
+    if isinstance(exc, asyncio.TimeoutError):
+        return "no answer within 5 s"
+    os_error = getattr(exc, "os_error", None)
+    if isinstance(os_error, socket.gaierror):
+        return f"unknown host ({os_error.strerror})"
+    if isinstance(os_error, OSError) and os_error.errno:
+        return os.strerror(os_error.errno).lower()  # "connection refused", not asyncio's wording
+    return str(exc) or type(exc).__name__
 
 
 @dataclass
@@ -97,11 +133,13 @@ class MynaClient:
         url: the worker's base URL, e.g. ``http://127.0.0.1:8080``.
         engine: ``request_data.engine`` (None: the worker's default).
         voice: ``request_data.voice``.
+        token: access token for a worker that has keys (sent as ``Authorization: Bearer``).
     """
 
     url: str
     engine: str | None = None
     voice: str | None = None
+    token: str | None = None
     pc: RTCPeerConnection = field(init=False)
     events: asyncio.Queue = field(init=False)
     ready: dict | None = field(init=False, default=None)
@@ -139,8 +177,9 @@ class MynaClient:
         await self.pc.setLocalDescription(await self.pc.createOffer())
         request_data = {k: v for k, v in (("engine", self.engine), ("voice", self.voice)) if v}
         body = {"sdp": self.pc.localDescription.sdp, "type": "offer", "request_data": request_data}
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
         async with aiohttp.ClientSession() as http:
-            async with http.post(f"{self.url}/api/offer", json=body) as resp:
+            async with http.post(f"{self.url}/api/offer", json=body, headers=headers) as resp:
                 answer = await resp.json()
                 if resp.status != 200:
                     raise RuntimeError(f"offer refused ({resp.status}): {answer}")
@@ -206,7 +245,7 @@ class MynaClient:
         if quiet_tail_s is not None:
             await self._until_quiet(start, quiet_tail_s, timeout)
         frames = self.frames[start:]
-        return _measure(turn_id, events, frames, t0)
+        return measure_turn(turn_id, events, frames, t0)
 
     async def _until_quiet(self, start: int, quiet_s: float, timeout: float, silent_s: float = 10.0) -> None:
         """Wait until audio was heard since frame ``start`` and its last ``quiet_s`` is
@@ -237,7 +276,14 @@ class MynaClient:
             self._recorder.cancel()
 
 
-def _measure(turn_id: str, events: list[dict], frames: list[tuple[float, np.ndarray]], t0: float) -> TurnResult:
+def measure_turn(turn_id: str, events: list[dict], frames: list[tuple[float, np.ndarray]], t0: float) -> TurnResult:
+    """A turn's result from its events and the audio received since its first chunk.
+
+    Args:
+        frames: ``(arrival, pcm)`` pairs, ``arrival`` on the monotonic clock (s), ``pcm``
+            int16 mono at 48 kHz, in arrival order.
+        t0: when the turn's first text chunk was sent (monotonic s).
+    """
     pcm = np.concatenate([f for _, f in frames]) if frames else np.zeros(0, np.int16)
     onset = first_audible_sample(pcm, SAMPLE_RATE)
     perceived = None

@@ -31,8 +31,8 @@ from typing import Protocol
 
 import numpy as np
 
-from myna.audio.playout import MAX_HOLD_S, SAMPLE_RATE, Playout
-from myna.engines import AudioChunk, Engine, EngineError, SynthesisStream
+from myna.audio.playout import MAX_HOLD_S, SAMPLE_RATE, Gaps, Playout
+from myna.engines import AudioChunk, Engine, EngineError, ErrorEvent, SynthesisStream
 from myna.metrics import Metrics
 from myna.rtc.track import PacedAudioTrack
 
@@ -44,6 +44,9 @@ MAX_MESSAGE_BYTES = 16 * 1024
 MAX_TURN_ID = 128
 #: How many finished or interrupted turn ids a session remembers, to drop late chunks for them.
 REMEMBERED_TURNS = 256
+#: Characters of client input an error message may quote (echoing more would let a 16 KiB
+#: message draw a larger error).
+QUOTED_INPUT_CHARS = 64
 
 
 class TurnOutput(Protocol):
@@ -90,6 +93,7 @@ class _Turn:
     text_at: float
     task: asyncio.Task | None = None
     input_ended: bool = False
+    chars: int = 0  # text received, for the per-turn cap
 
 
 @dataclass(eq=False)  # identity semantics: a session is also its engine scheduling group
@@ -106,6 +110,10 @@ class Session:
         output: builds the session's :class:`TurnOutput` from the session's event sink.
             None (the default, WebRTC): a paced :class:`~myna.audio.playout.Playout` drained
             by :attr:`track`. With an output given, :attr:`playout` and :attr:`track` are None.
+        max_turn_chars: characters one turn may carry (None: no cap); past it
+            ``turn_too_long``, the turn speaks what came before and its input ends.
+        max_queued_turns: turns open or queued at once (None: no cap); one more gets
+            ``too_many_turns``.
     """
 
     engine: Engine
@@ -115,6 +123,8 @@ class Session:
     clock: Callable[[], float] = time.monotonic
     max_hold_s: float = MAX_HOLD_S
     output: Callable[[Callable[[dict], None]], TurnOutput] | None = None
+    max_turn_chars: int | None = None
+    max_queued_turns: int | None = None
     playout: Playout | None = field(init=False, default=None)
     track: PacedAudioTrack | None = field(init=False, default=None)
     _output: TurnOutput = field(init=False)
@@ -122,12 +132,12 @@ class Session:
     _open_turn: str | None = field(init=False, default=None)
     _past_turns: deque[str] = field(init=False, default_factory=lambda: deque(maxlen=REMEMBERED_TURNS))
     _closed: bool = field(init=False, default=False)
+    _draining: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         if self.output is None:
-            self.playout = Playout(self._on_playout_event, clock=self.clock, max_hold_s=self.max_hold_s,
-                                   chunks_end_at_words=self.engine.chunks_end_at_words)
-            self.track = PacedAudioTrack(self.playout, clock=self.clock)
+            self.playout = self._new_playout()
+            self.track = PacedAudioTrack(self.playout, clock=self.clock, on_error=self._on_frame_error)
             self._output = self.playout
         else:
             self._output = self.output(self._on_playout_event)
@@ -150,7 +160,7 @@ class Session:
             elif kind == "interrupt":
                 self.interrupt()
             else:
-                raise BadMessage("unknown_type", f"unknown message type {kind!r}")
+                raise BadMessage("unknown_type", f"unknown message type {quote_input(kind)}")
         except (BadMessage, EngineError) as exc:
             self._error(exc.code, exc.message, turn_id=_maybe_turn_id(raw))
         except Exception:  # a bug must cost one message, never the session or the transport
@@ -163,6 +173,12 @@ class Session:
         turn = self._turns.get(turn_id) or self._begin_turn(turn_id)
         if turn.input_ended:
             raise BadMessage("turn_ended", f"turn {turn_id!r} already ended; use a new turn_id")
+        turn.chars += len(text)
+        if self.max_turn_chars is not None and turn.chars > self.max_turn_chars:
+            # Nothing past the cap is spoken: the turn keeps what came before and its input ends.
+            self._end_input(turn)
+            raise BadMessage("turn_too_long", f"a turn may carry at most {self.max_turn_chars} characters; "
+                                              "its input has ended")
         turn.stream.push_text(text)
 
     def _on_end_turn(self, turn_id: str) -> None:
@@ -172,6 +188,11 @@ class Session:
         self._end_input(turn)
 
     def _begin_turn(self, turn_id: str) -> _Turn:
+        if self._draining:
+            raise BadMessage("draining", "the worker is shutting down; finish this session and connect to another")
+        if self.max_queued_turns is not None and len(self._turns) >= self.max_queued_turns:
+            raise BadMessage("too_many_turns", f"at most {self.max_queued_turns} turns may be queued; "
+                                               "wait for turn_done or interrupt")
         if self._open_turn is not None and self._open_turn in self._turns:
             self._end_input(self._turns[self._open_turn])
         stream = self.engine.stream(self.voice, group=self)
@@ -193,7 +214,11 @@ class Session:
 
     def interrupt(self) -> None:
         """Barge-in: cancel synthesis of every turn and drop its queued audio."""
-        for done in self._output.interrupt():
+        self._drop_turns(self._output.interrupt())
+
+    def _drop_turns(self, dropped: list[dict]) -> None:
+        """End the given turns as interrupted: ``dropped`` holds their ``turn_done`` events."""
+        for done in dropped:
             turn = self._turns.pop(done["turn_id"], None)
             self._past_turns.append(done["turn_id"])
             if turn is not None:
@@ -212,7 +237,11 @@ class Session:
         try:
             async for item in turn.stream:
                 if isinstance(item, AudioChunk):
-                    self._output.push_audio(turn.turn_id, item.pcm, item.sample_rate)
+                    pcm = self._usable_pcm(item, turn.turn_id)
+                    if pcm is not None:
+                        self._output.push_audio(turn.turn_id, pcm, item.sample_rate)
+                elif isinstance(item, ErrorEvent):  # part of the turn left out; the rest is spoken
+                    self._error(item.code, item.message, turn_id=turn.turn_id)
                 else:
                     self._output.push_word(turn.turn_id, item.word, item.start_ms)
         except EngineError as exc:
@@ -223,6 +252,45 @@ class Session:
         finally:
             if not turn.stream.cancelled:
                 self._output.end_turn(turn.turn_id)
+
+    def _usable_pcm(self, chunk: AudioChunk, turn_id: str) -> np.ndarray | None:
+        """The chunk as float32 mono ``[n]``, or None (with an ``error`` event) when unusable."""
+        try:
+            return as_mono_float32(chunk.pcm, chunk.sample_rate)
+        except ValueError as exc:
+            log.warning("turn %s: dropped an audio chunk: %s", turn_id, exc)
+            self._error("bad_audio", f"the engine produced unusable audio ({exc}); it was dropped", turn_id=turn_id)
+            return None
+
+    def _on_frame_error(self, exc: BaseException) -> None:
+        """The track could not build a frame: drop the turns (their audio is what failed) and say so."""
+        self._error("audio_failed", f"audio output failed ({type(exc).__name__}); the turns in progress were dropped")
+        try:
+            self.interrupt()
+        except Exception:  # the queue itself is what broke: the track goes on with a fresh one
+            log.exception("the playout could not be interrupted; replacing it")
+            self.playout = self._output = self._new_playout()
+            self.track.playout = self.playout
+            self._drop_turns([{"type": "turn_done", "turn_id": turn_id, "audio_ms": 0.0, "underruns": 0,
+                               **Gaps().fields(), "interrupted": True} for turn_id in self._turns])
+
+    def _new_playout(self) -> Playout:
+        return Playout(self._on_playout_event, clock=self.clock, max_hold_s=self.max_hold_s,
+                       chunks_end_at_words=self.engine.chunks_end_at_words)
+
+    # -- lifecycle ----------------------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        """True while a turn is open, synthesising or playing."""
+        return bool(self._turns)
+
+    def refuse(self, code: str, message: str) -> None:
+        """Tell the client one of its messages was refused (an ``error`` event); the session carries on."""
+        self._error(code, message)
+
+    def drain(self) -> None:
+        """Refuse new turns (``error`` ``draining``); turns already started carry on."""
+        self._draining = True
 
     # -- output ---------------------------------------------------------------------------
     def _on_playout_event(self, event: dict) -> None:
@@ -270,6 +338,20 @@ class Session:
         self.metrics.active_sessions.dec()
 
 
+def encode_event(event: dict, max_bytes: int = MAX_MESSAGE_BYTES) -> str | None:
+    """An event as JSON text of at most ``max_bytes`` bytes (UTF-8), or None when it cannot fit.
+
+    A ``message`` too long is cut (halved until the event fits); other fields are never
+    changed (a cut ``turn_id`` or ``word`` would be wrong), so such an event does not fit.
+    """
+    text = json.dumps(event)  # ASCII only: characters are bytes
+    message = event.get("message")
+    while len(text) > max_bytes and isinstance(message, str) and message:
+        message = message[: len(message) // 2]
+        text = json.dumps({**event, "message": message + "…"})
+    return text if len(text) <= max_bytes else None
+
+
 def parse_message(raw: str | bytes) -> dict:
     """Decode one client message (size limit, UTF-8, JSON object with a string ``type``).
 
@@ -311,10 +393,49 @@ def _text(msg: dict) -> str:
 
 
 def _maybe_turn_id(raw: str | bytes) -> str | None:
-    """The turn_id of a message, if it has a readable one (for error events)."""
+    """The turn_id of a message, if it has a valid one (for error events)."""
     try:
         msg = json.loads(raw)
         turn_id = msg.get("turn_id") if isinstance(msg, dict) else None
-        return str(turn_id) if isinstance(turn_id, (str, int)) and not isinstance(turn_id, bool) else None
+        turn_id = str(turn_id) if isinstance(turn_id, (str, int)) and not isinstance(turn_id, bool) else None
+        return turn_id if turn_id and len(turn_id) <= MAX_TURN_ID else None
     except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         return None
+
+
+def quote_input(value: object, limit: int = QUOTED_INPUT_CHARS) -> str:
+    """``repr(value)`` for an error message, cut to ``limit`` characters (client input is
+    echoed, never whole).
+
+    >>> quote_input("x" * 100, limit=10)
+    "'xxxxxx…'"
+    """
+    text = repr(value) if not isinstance(value, str) or len(value) <= limit else repr(value[: limit - 4] + "…")
+    return text if len(text) <= limit + 2 else text[: limit - 1] + "…"
+
+
+def as_mono_float32(pcm: object, sample_rate: object) -> np.ndarray:
+    """An engine's PCM as float32 mono ``[n]`` in [-1, 1]: the only shape a turn output takes.
+
+    Multi-channel audio (``[n, c]`` or ``[c, n]`` with ``c`` ≤ 8) is averaged to mono; integer
+    PCM is scaled from its full scale; NaN and ±inf become 0 and values are clipped to [-1, 1].
+
+    Raises:
+        ValueError: not an array of numbers, more than two dimensions, or a sample rate
+            outside 1-384000 Hz.
+    """
+    if isinstance(sample_rate, bool) or not isinstance(sample_rate, (int, np.integer)) or not 0 < sample_rate <= 384_000:
+        raise ValueError(f"bad sample rate {sample_rate!r}")
+    x = np.asarray(pcm)
+    if x.dtype.kind not in "fiu":
+        raise ValueError(f"samples of type {x.dtype} are not audio")
+    if x.ndim not in (1, 2):
+        raise ValueError(f"audio of shape {x.shape} (expected [n] or [n, channels])")
+    if x.dtype.kind == "u":  # offset binary: the midpoint is silence
+        x = (x.astype(np.float64) - (np.iinfo(x.dtype).max + 1) / 2) / ((np.iinfo(x.dtype).max + 1) / 2)
+    elif x.dtype.kind == "i":
+        x = x / float(np.iinfo(x.dtype).max + 1)
+    if x.ndim == 2:
+        x = x.mean(axis=1 if x.shape[1] <= 8 and x.shape[1] <= x.shape[0] else 0)
+    x = np.nan_to_num(x.astype(np.float32), nan=0.0, posinf=0.0, neginf=0.0, copy=False)
+    return np.clip(x, -1.0, 1.0, out=x)

@@ -7,6 +7,10 @@ late wake-up at most :data:`MAX_CATCH_UP` frames go out back to back, and beyond
 schedule is moved forward instead of bursting. ``pts`` rises by exactly 960 per frame for the
 life of the track, across turns and idle time, whatever the wall clock does.
 
+The frame loop never dies: aiortc's sender stops for good at the first exception ``recv()``
+raises, so a frame that cannot be built or encoded is replaced by silence and reported to
+``on_error`` (the session drops the turns whose audio failed and sends an ``error`` event).
+
 Two output modes:
 
 - ``opus=OpusSettings(...)`` (the default): ``recv()`` returns ready Opus packets
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import fractions
+import logging
 import time
 from collections.abc import Callable
 
@@ -33,6 +38,8 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from myna.audio.opus import OpusSettings, VoiceOpusEncoder
 from myna.audio.playout import FRAME_SAMPLES, IDLE_FRAME, SAMPLE_RATE, Playout
+
+log = logging.getLogger(__name__)
 
 FRAME_SECONDS = FRAME_SAMPLES / SAMPLE_RATE
 TIME_BASE = fractions.Fraction(1, SAMPLE_RATE)
@@ -52,6 +59,9 @@ class PacedAudioTrack(MediaStreamTrack):
         clock: monotonic clock in seconds.
         sleep: coroutine sleeping a number of seconds (injectable for tests).
         opus: encode here with these settings; None leaves encoding to aiortc.
+        on_error: called with the exception when a frame could not be built (the frame goes
+            out as silence instead).
+        on_frame: called with each frame's lateness against its deadline (s), for benchmarks.
     """
 
     kind = "audio"
@@ -62,6 +72,8 @@ class PacedAudioTrack(MediaStreamTrack):
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], object] = asyncio.sleep,
         opus: OpusSettings | None = OpusSettings(),
+        on_error: Callable[[BaseException], None] | None = None,
+        on_frame: Callable[[float], None] | None = None,
     ):
         super().__init__()
         self.playout = playout
@@ -74,6 +86,9 @@ class PacedAudioTrack(MediaStreamTrack):
         self.deadline = 0.0  # when the frame just returned was due, before any re-anchoring (clock s)
         self.lateness = 0.0  # how late this frame's wake-up was against its deadline (s)
         self.slips = 0  # times the schedule was moved forward after a late wake-up
+        self.errors = 0  # frames replaced by silence because building them failed
+        self._on_error = on_error
+        self.on_frame = on_frame
 
     async def recv(self) -> av.AudioFrame | av.Packet:
         if self.readyState != "live":
@@ -92,10 +107,29 @@ class PacedAudioTrack(MediaStreamTrack):
             self._start = now - self._index * FRAME_SECONDS
             self.slips += 1
         self._index += 1
-        samples = self.playout.next_frame(due=deadline)
+        if self.on_frame is not None:
+            self.on_frame(self.lateness)
+        pts = self._pts
+        self._pts += FRAME_SAMPLES
+        try:
+            return await self._build(pts, due=deadline)
+        except Exception as exc:  # a frame is lost, never the sender
+            self.errors += 1
+            log.exception("audio frame %d failed; sending silence", pts // FRAME_SAMPLES)
+            if self._on_error is not None:
+                try:
+                    self._on_error(exc)
+                except Exception:
+                    log.exception("reporting a failed frame failed")
+            return await self._build(pts, IDLE_FRAME)
+
+    async def _build(self, pts: int, samples=None, due: float | None = None) -> av.AudioFrame | av.Packet:
+        """Frame ``pts`` from the playout (or the given int16 ``samples``), encoded when set to;
+        ``due`` is the frame's deadline (clock s), which the playout times pre-roll against."""
+        if samples is None:
+            samples = self.playout.next_frame(due=due)
         if self._encoder is not None:
-            pts, silent = self._pts, samples is IDLE_FRAME
-            self._pts += FRAME_SAMPLES
+            silent = samples is IDLE_FRAME
             if self._encoder.skips(silent):
                 return self._encoder.encode(samples, pts, silent)
             # Encoding takes ~0.5 ms; like aiortc, keep it off the event loop (other cores).
@@ -103,6 +137,5 @@ class PacedAudioTrack(MediaStreamTrack):
         frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = SAMPLE_RATE
         frame.time_base = TIME_BASE
-        frame.pts = self._pts
-        self._pts += FRAME_SAMPLES
+        frame.pts = pts
         return frame

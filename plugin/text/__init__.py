@@ -1,11 +1,18 @@
-"""Text intake: speech normalisation and incremental segmentation of token chunks.
+"""Text intake: from LLM token chunks to what a voice should say.
 
+``TextIntake`` is the front end of every turn (markup, line breaks, whole words, scripts);
 ``WordSegmenter`` turns chunks that split words anywhere into whole normalised words;
-``ClauseChunker`` groups those words into units an engine synthesises; ``normalise`` does the
-same normalisation on a whole text; ``has_speech`` tells whether any of it can be spoken.
+``ClauseChunker``, ``SentenceChunker`` and ``WholeChunker`` group words into the units an
+engine synthesises; ``verbalise`` says numbers, prices, years and abbreviations in words;
+``normalise`` does the word normalisation on a whole text; ``has_speech`` tells whether any
+of it can be spoken.
 """
 
+from myna.text.intake import IntakeItem, Pause, Skipped, TextIntake
 from myna.text.normalise import has_speech, normalise, normalise_word
-from myna.text.segment import ClauseChunker, WordSegmenter
+from myna.text.segment import ClauseChunker, SentenceChunker, WholeChunker, WordSegmenter
 
-__all__ = ["ClauseChunker", "WordSegmenter", "has_speech", "normalise", "normalise_word"]
+__all__ = [
+    "ClauseChunker", "IntakeItem", "Pause", "SentenceChunker", "Skipped", "TextIntake", "WholeChunker",
+    "WordSegmenter", "has_speech", "normalise", "normalise_word",
+]

@@ -1,12 +1,21 @@
-"""Incremental segmentation: token chunks → whole normalised words → clauses to synthesise.
+"""Incremental segmentation: token chunks → whole normalised words → units to synthesise.
 
-``WordSegmenter`` turns LLM token chunks (which split words anywhere) into whole words;
-``ClauseChunker`` groups words into the text units an utterance-level engine synthesises.
+``WordSegmenter`` turns LLM token chunks (which split words anywhere) into whole words. The
+chunkers group words into the text units an utterance-level engine (Piper) synthesises:
+``ClauseChunker`` by clause, ``SentenceChunker`` by sentence, ``WholeChunker`` the whole reply.
+Sentence ends come from :mod:`myna.text.sentences` (pysbd), so ``"10 a.m. tomorrow"``,
+``"Mr. Smith"`` or ``"No. 5"`` stay in one unit.
+
+Chunkers take time as an argument (``now``, seconds on any monotonic clock) and never read a
+clock: the stream that owns one calls :meth:`ClauseChunker.poll` at :attr:`ClauseChunker.deadline`
+and :meth:`ClauseChunker.settle` once its text has gone quiet.
 """
 
 from __future__ import annotations
 
+from myna.text.markup import Pause
 from myna.text.normalise import append_word, ends_clause, has_speech
+from myna.text.sentences import CLOSERS, End, end_of, is_boundary
 
 #: Longest word passed on (characters); a longer run without whitespace is cut into pieces this
 #: long, so one giant "word" cannot hold up an engine (and, through it, other sessions).
@@ -14,9 +23,6 @@ MAX_WORD_CHARS = 40
 #: Longest raw run without whitespace kept while waiting for its end (characters); enough for
 #: a markdown link with a long URL, which normalises down to its text.
 MAX_RAW_CHARS = 512
-
-# Abbreviations whose "." almost never ends a sentence; a clause does not end on them.
-_ABBREVIATIONS = frozenset({"mr.", "mrs.", "ms.", "dr.", "prof.", "st.", "jr.", "sr.", "vs.", "e.g.", "i.e."})
 
 
 class WordSegmenter:
@@ -48,6 +54,16 @@ class WordSegmenter:
         self._words: list[str] = []  # completed words not yet returned (at most one, held)
         self._open = False  # whether self._words[-1] may still take trailing punctuation
 
+    @property
+    def partial(self) -> str:
+        """The raw text of the word still being received (``""`` after whitespace)."""
+        return self._partial
+
+    @property
+    def holding(self) -> bool:
+        """True while :meth:`flush` would return something (a partial or a held word)."""
+        return bool(self._partial or self._words)
+
     def push(self, chunk: str) -> list[str]:
         """Add a chunk of text; return the words it completed (possibly none)."""
         text = self._partial + chunk
@@ -75,66 +91,236 @@ class WordSegmenter:
         return [w[i : i + MAX_WORD_CHARS] for w in out for i in range(0, len(w), MAX_WORD_CHARS)]
 
 
-class ClauseChunker:
-    """Group words into text units ready to synthesise, one clause at a time.
+#: Words that lean on the word after them (articles, determiners, possessives, prepositions,
+#: conjunctions): an early first phrase ends before one, not after it.
+LEANING_WORDS = frozenset(
+    "a an the this that these those my your his her its our their to of in on at for with from by about "
+    "into onto over under after before and or but so if as than".split()
+)
 
-    A unit ends at a word ending with clause or sentence punctuation (``, ; : . ! ? … —``,
-    possibly followed by closing quotes or brackets; a few abbreviations such as ``Dr.``
-    excepted), or when ``max_words`` words have come without one (a split at a word
-    boundary; every word is kept). Units are the words joined by single spaces; a unit with
-    nothing speakable in it is never returned.
 
-    Latency: the first unit is what the listener waits for, so by default a short first
-    clause goes out alone as soon as its punctuation arrives (``"Hi,"`` is a unit by itself);
-    it is never held to be merged with the next clause. ``first_min_words`` lets an engine
-    trade that latency for prosody: the first unit then ends at the first clause boundary
-    reached with at least that many words (or at ``max_words``).
+class _Chunker:
+    """Words in, units out: what the chunkers share.
+
+    A unit ends where :meth:`_ends_unit` says, or once it holds ``max_words`` words or
+    ``max_chars`` characters (at a word boundary; every word is kept). A word that may end a
+    sentence (``"a.m."``, :data:`End.MAYBE`) is decided by the next word (pysbd), or ends its
+    unit at :meth:`settle`. Units are the words joined by single spaces; a unit with nothing
+    speakable in it is never returned.
+    """
+
+    def __init__(self, max_words: int, max_chars: int) -> None:
+        if max_words < 1 or max_chars < 1:
+            raise ValueError("max_words and max_chars must be at least 1")
+        self.max_words = max_words
+        self.max_chars = max_chars
+        self._words: list[str] = []
+        self._chars = 0
+        self._maybe = False  # the last word may end a sentence: the next word decides
+
+    def push(self, word: str, now: float = 0.0) -> list[str]:
+        """Add one word (whitespace inside splits it) that arrived at ``now`` (s); return the
+        units it completed."""
+        units: list[str] = []
+        for w in word.split():
+            if self._maybe:
+                self._maybe = False
+                if is_boundary(self._words[-1], w, self._words[:-1]) and self._may_cut():
+                    units += self._cut()
+            self._words.append(w)
+            self._chars += len(w) + 1
+            units += self._after(w, now)
+        return units
+
+    def poll(self, now: float) -> list[str]:
+        """Time has passed: return a unit whose wait ran out by ``now`` (s)."""
+        return []
+
+    @property
+    def deadline(self) -> float | None:
+        """When :meth:`poll` may next return a unit (s, the clock of ``now``), or None."""
+        return None
+
+    def settle(self) -> list[str]:
+        """The text went quiet: a word that may end a sentence ends its unit."""
+        return self._cut() if self._maybe else []
+
+    def pause(self, ms: float = 0.0) -> list[str | Pause]:
+        """The text says a unit ends here (a line break; ``ms`` > 0: a ``<break>``): return
+        the unit, then the :class:`~myna.text.markup.Pause` to keep after it."""
+        return [*self._cut(), *([Pause(ms)] if ms > 0 else [])]
+
+    def flush(self) -> list[str]:
+        """End of turn: return what remains as a unit (even without final punctuation), reset."""
+        units = self._cut()
+        self._new_turn()
+        return units
+
+    def _after(self, word: str, now: float) -> list[str]:
+        end = self._ends_unit(word)
+        self._maybe = end is End.MAYBE
+        full = len(self._words) >= self.max_words or self._chars >= self.max_chars
+        if full or (end is End.END and self._may_cut()):
+            return self._cut()
+        return []
+
+    def _ends_unit(self, word: str) -> End:
+        """Whether ``word`` (just added) ends the unit."""
+        return End.NOT_END
+
+    def _may_cut(self) -> bool:
+        return True
+
+    def _new_turn(self) -> None:
+        pass
+
+    def _cut(self, n: int | None = None) -> list[str]:
+        """Return the first ``n`` words (all by default) as a unit; keep the rest."""
+        n = len(self._words) if n is None else n
+        unit, self._words = " ".join(self._words[:n]), self._words[n:]
+        self._chars, self._maybe = sum(len(w) + 1 for w in self._words), False
+        return [unit] if has_speech(unit) else []
+
+
+class ClauseChunker(_Chunker):
+    """Group words into units ready to synthesise, one clause at a time.
+
+    A unit ends at a word ending with clause punctuation (``, ; :``, ``—``), at a sentence end
+    (``. ! ? …``, possibly followed by closing quotes or brackets; pysbd decides whether a full
+    stop ends a sentence, so ``"Dr."``, ``"a.m. tomorrow"`` and ``"No. 5"`` do not), or when
+    ``max_words`` words have come without one.
+
+    The first unit is what the listener waits for, so a short first clause goes out alone as
+    soon as its punctuation arrives (``"Hi,"``). Two options shape it further:
+
+    - ``first_words`` / ``first_wait_s``, the first phrase early: while text streams in, the
+      first unit also ends once ``first_words`` words are complete, or ``first_wait_s`` after
+      its first word, whichever comes first (see :meth:`poll`; never inside a word, and not
+      right after a word that may end a sentence, which the next word decides). It ends
+      before the last word that leans on the next (``"the"``, ``"to"``), if two words or more
+      come before it. Later units are clause-sized.
+    - ``first_min_words``: the first unit ends at a clause boundary only once it holds that
+      many words (trading first-audio latency for prosody).
 
     Args:
         max_words: the most words in one unit.
+        first_min_words: the fewest words the first unit ends on at a clause boundary.
         max_chars: a unit also ends once it holds this many characters (at a word boundary).
-        first_min_words: the fewest words the first unit of a turn ends on at a clause
-            boundary (1: any clause).
+        first_words: the first unit ends after this many words (None: no limit).
+        first_wait_s: the first unit ends this long after its first word (None: no limit).
 
     >>> chunker = ClauseChunker()
     >>> [unit for w in "Hi, I can help. Sure".split() for unit in chunker.push(w)]
     ['Hi,', 'I can help.']
     >>> chunker.flush()
     ['Sure']
+    >>> early = ClauseChunker(first_words=4, first_wait_s=0.25)
+    >>> early.push("Well", now=0.0), early.deadline, early.poll(0.2), early.poll(0.25)
+    ([], 0.25, [], ['Well'])
+    >>> early.flush(), [early.push(w, now=1.0) for w in "I think the".split()], early.poll(1.0)
+    ([], [[], [], []], [])
+    >>> early.push("answer", now=1.1), early.poll(1.1)
+    ([], ['I think the answer'])
     """
 
-    def __init__(self, max_words: int = 24, first_min_words: int = 1, max_chars: int = 240) -> None:
-        if max_words < 1 or first_min_words < 1 or max_chars < 1:
-            raise ValueError("max_words, first_min_words and max_chars must be at least 1")
-        self.max_words = max_words
-        self.max_chars = max_chars
-        self._chars = 0
+    def __init__(self, max_words: int = 24, first_min_words: int = 1, max_chars: int = 240,
+                 first_words: int | None = None, first_wait_s: float | None = None) -> None:
+        super().__init__(max_words, max_chars)
+        if first_min_words < 1 or (first_words is not None and first_words < 1):
+            raise ValueError("first_min_words and first_words must be at least 1")
         self.first_min_words = first_min_words
-        self._words: list[str] = []
+        self.first_words = first_words
+        self.first_wait_s = first_wait_s
         self._first = True  # no unit of this turn has been returned yet
+        self._first_at = 0.0  # when the first unit's first word came
 
-    def push(self, word: str) -> list[str]:
-        """Add one word (whitespace inside splits it); return the units it completed."""
-        units: list[str] = []
-        for w in word.split():
-            self._words.append(w)
-            self._chars += len(w) + 1
-            min_words = self.first_min_words if self._first else 1
-            at_clause = ends_clause(w) and w.lower() not in _ABBREVIATIONS
-            full = len(self._words) >= self.max_words or self._chars >= self.max_chars
-            if (at_clause and len(self._words) >= min_words) or full:
-                units += self._cut()
-        return units
+    def _after(self, word: str, now: float) -> list[str]:
+        if self._first and len(self._words) == 1:
+            self._first_at = now
+        return super()._after(word, now)
 
-    def flush(self) -> list[str]:
-        """End of turn: return what remains as a unit (even without final punctuation), reset."""
-        units = self._cut()
+    def poll(self, now: float) -> list[str]:
+        """Call after each batch of words and at :attr:`deadline`: returns the first phrase
+        once ``first_words`` words are in (and no more are at hand: a clause that arrives
+        whole is one unit) or ``first_wait_s`` has passed since its first word."""
+        due = self.deadline
+        return self._cut(self._phrase_end()) if due is not None and now >= due else []
+
+    @property
+    def deadline(self) -> float | None:
+        if not self._first or not self._words or self._maybe:
+            return None
+        if self.first_words is not None and len(self._words) >= self.first_words:
+            return self._first_at
+        return None if self.first_wait_s is None else self._first_at + self.first_wait_s
+
+    def _ends_unit(self, word: str) -> End:
+        if not ends_clause(word):
+            return End.NOT_END
+        if word.rstrip(CLOSERS).endswith("."):
+            return end_of(word, self._words[:-1])
+        return End.END
+
+    def _may_cut(self) -> bool:
+        return not self._first or len(self._words) >= self.first_min_words
+
+    def _new_turn(self) -> None:
         self._first = True
+
+    def _cut(self, n: int | None = None) -> list[str]:
+        units = super()._cut(n)
+        if units:
+            self._first = False
         return units
 
-    def _cut(self) -> list[str]:
-        unit, self._words, self._chars = " ".join(self._words), [], 0
-        if not has_speech(unit):
-            return []
-        self._first = False
-        return [unit]
+    def _phrase_end(self) -> int:
+        """How many words the early first phrase takes: all of them, or the words before the
+        last one that leans on what follows ("the", "to", "with"…), so the cut falls between
+        phrases ("She painted | the old fence") and not inside one ("the old | fence"),
+        where the voice's fresh start makes the word after the cut harder to hear."""
+        for i in range(len(self._words) - 1, 1, -1):
+            if self._words[i].lower() in LEANING_WORDS:
+                return i
+        return len(self._words)
+
+
+class SentenceChunker(_Chunker):
+    """Like :class:`ClauseChunker`, but a unit ends only at a sentence end (``. ! ? …``).
+
+    A unit also ends after ``max_words`` words or ``max_chars`` characters without one (at a
+    word boundary), so a reply without punctuation cannot hold a thread forever.
+    """
+
+    def __init__(self, max_words: int = 60, max_chars: int = 480) -> None:
+        super().__init__(max_words, max_chars)
+
+    def _ends_unit(self, word: str) -> End:
+        core = word.rstrip(CLOSERS)
+        if core.endswith("."):
+            return end_of(word, self._words[:-1])
+        return End.END if core and core[-1] in "!?…" else End.NOT_END
+
+
+class WholeChunker(_Chunker):
+    """The whole reply is one unit, returned at the end of the turn (a non-streaming pipeline).
+
+    Capped at ``max_chars`` characters per unit (at a word boundary) so one turn cannot hold a
+    synthesis thread without bound; a normal reply is far shorter.
+    """
+
+    def __init__(self, max_chars: int = 4000) -> None:
+        super().__init__(max_words=10**9, max_chars=max_chars)
+        self._held: list[str | Pause] = []  # units and pauses of the reply, released at the end
+
+    def push(self, word: str, now: float = 0.0) -> list[str]:
+        self._held += super().push(word, now)
+        return []
+
+    def pause(self, ms: float = 0.0) -> list[str | Pause]:
+        if ms > 0:  # a line break stays inside the one unit; a <break> needs its own silence
+            self._held += super().pause(ms)
+        return []
+
+    def flush(self) -> list[str | Pause]:
+        out, self._held = [*self._held, *super().flush()], []
+        return out

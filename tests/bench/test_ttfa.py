@@ -91,6 +91,7 @@ def test_table_is_a_serving_table_with_ratios_races_and_join():
     assert lines[2].split()[:6] == ["a", "1", "30", "tok/s", "200", "ms"]
     assert "0.200" in lines[2] and "12" in lines[2]
     assert "—" in lines[4]  # no RTF without the worker's counters
+    assert "RTF —: not measured" in text  # and the table says why
     assert "no audio" in lines[5]
     assert "p50 against 1 session(s): 4: × 2.00" in text
     assert "a                      ×1 30 tok/s: TTFA p50 / pipecat-sentence = 0.25" in text

@@ -22,11 +22,18 @@ def test_cpu_smoke_run():
         capture_output=True, text=True, env=env, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
-    assert "parity_error" not in report
-    parity = report["parity"]
+    sections = report["sections"]
+    assert list(sections) == ["build", "parity", "timing", "loop"]  # "graphs" only on CUDA
+    for name, entry in sections.items():
+        assert "error" not in entry, (name, entry["error"])
+        assert entry["wall_s"] >= 0 and entry["peak_host_gib"] > 0 and isinstance(entry["tf32"], bool)
+    assert (sections["parity"]["tf32"], sections["timing"]["tf32"]) == (False, True)
+    parity = sections["parity"]
     for key in ("teacher_forced_audio_logits", "teacher_forced_text_logits", "mimi_whole", "mimi_streaming"):
         assert parity[key]["max_abs"] <= 1e-5, key
     assert parity["greedy_frames"]["identical_frames"] == parity["greedy_frames"]["frames"] == 4
-    assert [row["batch"] for row in report["timing_ms"]] == [1, 2]
-    assert all(row["ratio"]["full_step"] > 0 for row in report["timing_ms"])
-    assert "error" not in report["loop"] and "ours" in report["loop"]["table"]
+    assert [row["batch"] for row in sections["timing"]["rows_ms"]] == [1, 2]
+    assert all(row["ratio"]["full_step"] > 0 for row in sections["timing"]["rows_ms"])
+    loop = sections["loop"]
+    assert "ours" in loop["table"] and [row["sessions"] for row in loop["results"]] == [1]
+    assert loop["results"][0]["ours"]["first_audio_steps"] == 21 and loop["results"][0]["ref"]["steps_per_s"] > 0

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from myna.dsm.sampling import sample_token
+from myna.dsm.sampling import exponential_noise, noise_width, sample_token
 from myna.dsm.state_machine import Entry, StateMachine, TokenIds, script_to_entries
 
 CARD = 8001
@@ -61,13 +61,13 @@ def test_script_to_entries_matches_reference(ours):
 
 def test_sampler_greedy_topk_and_seed():
     logits = torch.tensor([[0.0, 5.0, 1.0, 4.9], [3.0, 0.0, 0.0, 0.0]])
-    assert sample_token(logits, greedy=True).tolist() == [1, 0]
-    assert sample_token(logits, temperature=0.0).tolist() == [1, 0]
+    assert sample_token(logits, 0.6, 25, None).tolist() == [1, 0]
+    assert noise_width(2, 4) == 2 and noise_width(25, 4) == 4 and noise_width(0, 4) == 4
     gen = torch.Generator().manual_seed(0)
-    draws = torch.stack([sample_token(logits, 1.0, top_k=2, generator=gen) for _ in range(200)])
+    draws = torch.stack([sample_token(logits, 1.0, 2, exponential_noise(2, 2, generator=gen)) for _ in range(200)])
     assert set(draws[:, 0].tolist()) <= {1, 3} and len(set(draws[:, 0].tolist())) == 2
-    a = sample_token(logits, 0.6, 25, generator=torch.Generator().manual_seed(5))
-    b = sample_token(logits, 0.6, 25, generator=torch.Generator().manual_seed(5))
+    a = sample_token(logits, 0.6, 25, exponential_noise(2, 4, generator=torch.Generator().manual_seed(5)))
+    b = sample_token(logits, 0.6, 25, exponential_noise(2, 4, generator=torch.Generator().manual_seed(5)))
     assert torch.equal(a, b)
 
 
@@ -77,4 +77,4 @@ def test_sampler_matches_reference_rng_order():
     torch.manual_seed(11)
     ref = sampling.sample_token(logits, True, 0.6, 25)[:, 0, 0]
     torch.manual_seed(11)
-    assert torch.equal(sample_token(logits[:, 0, 0], 0.6, 25), ref)
+    assert torch.equal(sample_token(logits[:, 0, 0], 0.6, 25, exponential_noise(3, 25)), ref)

@@ -107,3 +107,61 @@ async def test_closing_a_stream_mid_speech_cancels_the_turn_and_the_tts_keeps_wo
         assert frame.duration > 0.8
     finally:
         await tts.aclose()
+
+
+# -- issue 11: segments with nothing to say -----------------------------------------------------
+
+
+@pytest.mark.parametrize("nothing", ["...", ":)", "**", "👍", "<break time='1s'/>"])
+async def test_a_segment_with_nothing_to_say_is_no_error_and_no_retry(myna_kwargs, nothing):
+    tts = myna_livekit.TTS(**myna_kwargs)
+    errors = []
+    tts.on("error", errors.append)
+    try:
+        for _ in range(4):  # more than LiveKit's limit of unrecoverable errors per session
+            async with tts.stream() as stream:
+                stream.push_text(nothing)
+                stream.end_input()
+                async with asyncio.timeout(5):  # a retry would take seconds
+                    events = [ev async for ev in stream]
+            assert events and events[-1].is_final
+            pcm = pcm_of(events)
+            assert first_audible_sample(pcm, tts.sample_rate) is None  # nothing spoken
+        async with tts.stream() as stream:
+            for t in tokens(SECOND):
+                stream.push_text(t)
+            stream.end_input()
+            async with asyncio.timeout(60):
+                pcm = pcm_of([ev async for ev in stream])
+        assert len(pcm) / tts.sample_rate > 0.8 and first_audible_sample(pcm, tts.sample_rate) is not None
+    finally:
+        await tts.aclose()
+    assert errors == []
+
+
+async def test_synthesize_of_nothing_to_say_is_no_error(myna_kwargs):
+    tts = myna_livekit.TTS(**myna_kwargs)
+    try:
+        async with asyncio.timeout(5):
+            frame = await tts.synthesize(":)").collect()
+    finally:
+        await tts.aclose()
+    assert first_audible_sample(np.frombuffer(frame.data, dtype=np.int16), tts.sample_rate) is None
+
+
+async def test_a_segment_in_another_script_is_no_error_and_the_rest_is_spoken(myna_kwargs, caplog):
+    tts = myna_livekit.TTS(**myna_kwargs)
+    errors = []
+    tts.on("error", errors.append)
+    try:
+        for text, audible in (("Привет", False), ("Hello Привет, how are you?", True)):
+            async with tts.stream() as stream:
+                stream.push_text(text)
+                stream.end_input()
+                async with asyncio.timeout(30):
+                    pcm = pcm_of([ev async for ev in stream])
+            assert (first_audible_sample(pcm, tts.sample_rate) is not None) == audible
+    finally:
+        await tts.aclose()
+    assert errors == []
+    assert sum("unsupported_language" in r.getMessage() and "Cyrillic" in r.getMessage() for r in caplog.records) == 2

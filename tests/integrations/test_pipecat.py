@@ -95,6 +95,7 @@ class Recorder(FrameProcessor):
         self.frames: list = []
         self.started = asyncio.Event()
         self.audio = asyncio.Event()
+        self.first_audio_at: float | None = None  # event-loop time of the first audio frame
 
     async def process_frame(self, frame, direction):
         await super().process_frame(frame, direction)
@@ -104,6 +105,8 @@ class Recorder(FrameProcessor):
                 self.started.set()
             elif isinstance(frame, TTSAudioRawFrame):
                 self.audio.set()
+                if self.first_audio_at is None:
+                    self.first_audio_at = asyncio.get_running_loop().time()
         await self.push_frame(frame, direction)
 
 
@@ -158,3 +161,90 @@ async def test_a_speak_frame_is_spoken_as_its_own_context(myna_kwargs):
     assert kinds[0] is TTSStartedFrame and kinds[-1] is TTSStoppedFrame and TTSAudioRawFrame in kinds
     words = [f.text.strip().lower().strip(".") for f in down if isinstance(f, TTSTextFrame)]
     assert words == words_of(SECOND)
+
+
+# -- issue 11: replies as an LLM really writes them ---------------------------------------------
+
+from pipecat.frames.frames import ErrorFrame  # noqa: E402
+from pipecat.tests.utils import SleepFrame  # noqa: E402
+
+
+def errors_in(up) -> list[str]:
+    return [f.error for f in up if isinstance(f, ErrorFrame)]
+
+
+@pytest.mark.parametrize("nothing", ["👍", "...", ":)", "**", "<break time='1s'/>"])
+async def test_replies_with_nothing_to_say_are_no_ops_and_the_next_reply_is_spoken(myna_kwargs, nothing):
+    service = MynaTTSService(**myna_kwargs)
+    frames = []
+    for _ in range(3):  # three in a row made Pipecat give the service up
+        frames += [*llm_reply(nothing), SleepFrame(0.3)]
+    frames += llm_reply(SECOND)
+    params = PipelineParams(audio_out_sample_rate=RATE, enable_metrics=True)
+    down, up = await run_test(service, frames_to_send=frames, pipeline_params=params, start_timeout=15.0)
+    assert errors_in(up) == []
+    assert service.is_usable
+    starts = [f for f in down if isinstance(f, TTSStartedFrame)]
+    assert len(starts) == 1  # only the real reply opened a context
+    audio = [f for f in down if isinstance(f, TTSAudioRawFrame)]
+    assert audio and {f.context_id for f in audio} == {starts[0].context_id}
+    assert [f.text.strip().lower().strip(".") for f in down if isinstance(f, TTSTextFrame)] == words_of(SECOND)
+
+
+async def test_a_reply_that_pauses_after_a_sentence_speaks_the_sentence_at_once(myna_kwargs):
+    """A 4.5 s pause inside one reply: the first sentence is heard before the pause ends."""
+    recorder = Recorder()
+    worker = PipelineWorker(Pipeline([MynaTTSService(**myna_kwargs), recorder]), cancel_on_idle_timeout=False,
+                            params=PipelineParams(audio_out_sample_rate=RATE))
+    running = asyncio.Event()
+    errors: list = []
+
+    @worker.event_handler("on_pipeline_started")
+    async def _started(worker, frame):
+        running.set()
+
+    @worker.event_handler("on_pipeline_error")
+    async def _error(worker, frame):
+        errors.append(frame.error)
+
+    first, second = "Let me check that for you.", "Your order ships on Friday."
+    resumed_at = None
+
+    async def drive():
+        nonlocal resumed_at
+        await asyncio.wait_for(running.wait(), 15)
+        await worker.queue_frame(LLMFullResponseStartFrame())
+        for token in re.findall(r"\S+\s*|\s+", first):
+            await worker.queue_frame(LLMTextFrame(token))
+        await asyncio.sleep(4.5)
+        resumed_at = asyncio.get_running_loop().time()
+        for token in re.findall(r"\s*\S+", " " + second):
+            await worker.queue_frame(LLMTextFrame(token))
+        await worker.queue_frame(LLMFullResponseEndFrame())
+        await asyncio.sleep(3.0)
+        await worker.queue_frame(EndFrame())
+
+    runner = WorkerRunner()
+    await runner.add_workers(worker)
+    await asyncio.wait_for(asyncio.gather(runner.run(), drive()), 60)
+
+    assert recorder.first_audio_at is not None and recorder.first_audio_at < resumed_at - 3.0
+    assert not [e for e in errors if "no audio" in str(e)], errors
+    spoken = [f.text.strip().lower().strip(".") for f in recorder.frames if isinstance(f, TTSTextFrame)]
+    assert spoken == words_of(first) + words_of(second)
+    starts = [f for f in recorder.frames if isinstance(f, TTSStartedFrame)]
+    assert all(any(isinstance(f, TTSAudioRawFrame) and f.context_id == s.context_id for f in recorder.frames)
+               for s in starts)  # no empty started/stopped pair
+
+
+async def test_a_reply_in_a_script_the_voice_cannot_read_is_reported_not_spoken(myna_kwargs):
+    service = MynaTTSService(**myna_kwargs)
+    frames = [*llm_reply("Привет, как дела?"), SleepFrame(0.3), *llm_reply("Hello Привет, how are you?"), SleepFrame(0.5)]
+    params = PipelineParams(audio_out_sample_rate=RATE)
+    down, up = await run_test(service, frames_to_send=frames, pipeline_params=params, start_timeout=15.0)
+    errors = errors_in(up)
+    assert len(errors) == 2 and all("unsupported_language" in e and "Cyrillic" in e for e in errors)
+    assert service.is_usable
+    assert len([f for f in down if isinstance(f, TTSStartedFrame)]) == 1
+    audio = [f for f in down if isinstance(f, TTSAudioRawFrame)]
+    assert 0.5 < len(pcm_of(audio)) / RATE < 3  # "Hello, how are you?" only

@@ -159,3 +159,46 @@ async def test_packets_decode_back_to_the_tone():
     assert abs(np.argmax(spectrum) * 48_000 / len(audio) - 440) <= 3
     assert np.sqrt(np.mean(audio**2)) == pytest.approx(0.5 / np.sqrt(2), rel=0.1)  # level kept (mono, no -3 dB pan)
     assert np.max(np.abs(x[50_000:])) < 0.01  # silence after the turn
+
+
+async def test_a_frame_that_cannot_be_built_goes_out_as_silence_and_the_track_keeps_going():
+    """aiortc's sender stops for good at the first exception recv() raises: recv() must not raise."""
+    track, playout, vt, events = make(OpusSettings())
+    errors = []
+    track._on_error = errors.append
+    put_unplayable_chunk(playout, "bad")
+    packets = [await track.recv() for _ in range(3)]
+    assert len(errors) == 3 and track.errors == 3 and all(isinstance(e, ValueError) for e in errors)
+    assert [p.pts for p in packets] == [0, 960, 1920]
+
+
+def put_unplayable_chunk(playout: Playout, turn_id: str) -> None:
+    """Queue a [960, 2] chunk past the producer-side checks: no frame can be built from it."""
+    if turn_id not in playout._by_id:
+        playout.begin_turn(turn_id, 0.0)
+    turn = playout._by_id[turn_id]
+    turn.chunks.append(np.zeros((960, 2), np.float32))
+    turn.buffered = 960
+    playout.end_turn(turn_id)
+
+
+async def test_a_session_drops_its_turns_says_so_and_speaks_again_when_a_frame_fails():
+    from myna.metrics import Metrics
+    from myna.rtc.session import Session
+
+    from inprocess import ToneEngine
+
+    sent = []
+    session = Session(engine=ToneEngine(), send=sent.append, metrics=Metrics())
+    session.handle_message('{"type": "text", "turn_id": "a", "text": "one two "}')
+    put_unplayable_chunk(session.playout, "a")  # the turn's queue now holds it
+    for _ in range(3):
+        await session.track.recv()
+    assert [(e["type"], e.get("code"), e.get("interrupted")) for e in sent[1:]] == [
+        ("error", "audio_failed", None), ("turn_done", None, True)]
+    session.handle_message('{"type": "text", "turn_id": "b", "text": "three "}')
+    session.handle_message('{"type": "end_turn", "turn_id": "b"}')
+    for _ in range(40):
+        await session.track.recv()
+    assert sent[-1]["type"] == "turn_done" and sent[-1]["turn_id"] == "b" and sent[-1]["audio_ms"] > 100
+    await session.close()

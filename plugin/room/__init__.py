@@ -1,0 +1,15 @@
+"""Myna as a participant of LiveKit rooms: another transport for the same sessions.
+
+- :mod:`myna.room.agent`: one room (text streams, data packets, RPC in; events, captions and
+  one audio track out), on top of :class:`myna.rtc.session.Session`.
+- :mod:`myna.room.routing`: many participants' turns through the room's one session.
+- :mod:`myna.room.audio`: the session's playout feeding the SDK's audio source.
+- :mod:`myna.room.worker`: ``myna worker``, livekit-agents' dispatch with our own job entry point.
+- :mod:`myna.room.bridge`: one loaded engine shared by rooms on other event loops.
+- :mod:`myna.room.client`: a Python participant for tests and benchmarks.
+- :mod:`myna.room.localserver`: ``livekit-server`` and Redis on this host (tests, benchmarks).
+- :mod:`myna.room.cli`: ``myna room`` and ``myna worker``.
+
+Not to be confused with :mod:`myna.integrations.livekit`, Myna as the TTS stage of a LiveKit
+Agents ``AgentSession``.
+"""

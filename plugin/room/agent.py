@@ -1,0 +1,324 @@
+"""Myna in one LiveKit room: the room contract (README "LiveKit rooms") on the SDK.
+
+Follow one turn. A participant opens a text stream on topic ``myna.text``
+(:meth:`RoomAgent._on_text_stream`); each chunk goes through the :class:`~myna.room.routing.Router`
+into the room's one :class:`~myna.rtc.session.Session` (the same turn logic as the WebRTC and
+WebSocket transports), whose :class:`~myna.room.audio.SourceOutput` plays it on Myna's track.
+The session's events come back through the router to :meth:`RoomAgent._deliver`: a data packet
+on ``myna.events`` to the turn's sender, and for ``word`` / ``turn_done`` a line of the
+standard ``lk.transcription`` stream (:class:`Captions`). Sends leave in order through one task
+(:class:`Outbox`), so event callbacks never wait on the network.
+
+Other ways in: contract JSON as reliable data packets on topic ``myna``; the RPC method
+``myna.interrupt``. Unknown ``myna*`` topics get an ``error`` event; other topics belong to
+other applications in the room and only get a debug log line.
+
+Lifetime: :meth:`RoomAgent.attach` before ``room.connect`` (stream handlers must exist before
+the first stream arrives), :meth:`RoomAgent.start` after it, then :meth:`RoomAgent.run` until
+the room disconnects (closed, server gone, removed), :meth:`RoomAgent.stop` is called, or, with
+``leave_when_empty``, the last participant other than agents leaves (an agent dispatched into
+an empty room waits for someone to come and go). :meth:`RoomAgent.close`
+releases everything: turns, the pacer, the track, the room connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+
+from livekit import rtc
+
+from myna.engines import Engine
+from myna.metrics import Metrics
+from myna.room.audio import SourceOutput, new_source
+from myna.room.routing import Router
+from myna.rtc.session import Session
+
+log = logging.getLogger(__name__)
+
+TOPIC_TEXT = "myna.text"  # text stream: one turn
+TOPIC_MESSAGES = "myna"  # data packets: contract JSON messages
+TOPIC_EVENTS = "myna.events"  # data packets: contract events, to the turn's sender
+TOPIC_TRANSCRIPTION = "lk.transcription"  # LiveKit's standard captions stream
+RPC_INTERRUPT = "myna.interrupt"
+#: Participant attribute set once Myna listens and its track is published.
+READY_ATTRIBUTE = "myna.ready"
+TRACK_NAME = "myna"
+#: Seconds a disconnect may take before it is abandoned (it waits on the SDK's core, which can
+#: hang when the server is gone; livekit.md §5 item 12).
+DISCONNECT_TIMEOUT = 5.0
+_ACTIVE = 2  # ParticipantState.PARTICIPANT_STATE_ACTIVE
+
+
+class Outbox:
+    """Sends in order on one task: event callbacks queue coroutines and return at once.
+
+    A send that fails (the room is going away, the receiver left) is logged and skipped.
+    """
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[Callable[[], Awaitable[None]] | None] = asyncio.Queue()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="myna-room-outbox")
+
+    def put(self, send: Callable[[], Awaitable[None]]) -> None:
+        self._queue.put_nowait(send)
+
+    async def _run(self) -> None:
+        while (send := await self._queue.get()) is not None:
+            try:
+                await send()
+            except Exception as exc:  # PublishDataError, a closed stream, a disconnected room
+                log.debug("room send dropped: %s", exc)
+
+    async def aclose(self, drain_timeout: float = 1.0) -> None:
+        """Send what is queued (for at most ``drain_timeout`` s), then stop."""
+        self._queue.put_nowait(None)
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), drain_timeout)
+        except asyncio.TimeoutError:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+
+class Captions:
+    """Turns as LiveKit transcription segments: one ``lk.transcription`` text stream per turn.
+
+    Attributes follow LiveKit Agents (``lk.segment_id`` = the turn_id, ``lk.transcribed_track_id``
+    = Myna's track, ``lk.transcription_final`` "false" then "true"), so LiveKit's front-end
+    components show them as captions. Words are written as they are about to be heard (the
+    ``word`` events), each followed by a space; the stream closes final at ``turn_done``.
+    """
+
+    def __init__(self, participant: rtc.LocalParticipant, track_sid: str):
+        self._participant = participant
+        self._track_sid = track_sid
+        self._writers: dict[str, tuple[rtc.TextStreamWriter, str]] = {}  # key → (writer, turn_id)
+
+    def _attributes(self, turn_id: str, final: bool) -> dict[str, str]:
+        return {"lk.segment_id": turn_id, "lk.transcribed_track_id": self._track_sid,
+                "lk.transcription_final": "true" if final else "false"}
+
+    async def word(self, key: str, turn_id: str, word: str) -> None:
+        """Write ``word`` to the segment of turn ``key`` (opening it on its first word)."""
+        if key not in self._writers:
+            writer = await self._participant.stream_text(topic=TOPIC_TRANSCRIPTION,
+                                                         attributes=self._attributes(turn_id, final=False))
+            self._writers[key] = (writer, turn_id)
+        await self._writers[key][0].write(word + " ")
+
+    async def final(self, key: str, turn_id: str) -> None:
+        """Close turn ``key``'s segment as final (a turn without words has none)."""
+        writer, _ = self._writers.pop(key, (None, None))
+        if writer is not None:
+            await writer.aclose(attributes=self._attributes(turn_id, final=True))
+
+    async def aclose(self) -> None:
+        """Close every open segment as final."""
+        for key, (_, turn_id) in list(self._writers.items()):
+            await self.final(key, turn_id)
+
+
+class RoomAgent:
+    """Myna as a participant of one room.
+
+    Args:
+        room: the room, not yet connected (see the module docstring for the order of calls).
+        engine: the engine turns are spoken with.
+        engines: engine names for the ``ready`` event.
+        metrics: the process's metrics.
+        voice: voice name for the engine (None: its default).
+        speak_for: identities allowed to speak through Myna (None: every participant).
+        leave_when_empty: end once no participant other than agents is left.
+        attributes: extra participant attributes to publish beside ``myna.ready``.
+    """
+
+    def __init__(self, room: rtc.Room, engine: Engine, metrics: Metrics, engines: list[str] | None = None,
+                 voice: str | None = None, speak_for: frozenset[str] | None = None,
+                 leave_when_empty: bool = False, attributes: dict[str, str] | None = None):
+        self.room = room
+        self.engine = engine
+        self.metrics = metrics
+        self.engines = engines or [engine.name]
+        self.voice = voice
+        self.speak_for = speak_for
+        self.leave_when_empty = leave_when_empty
+        self.attributes = attributes or {}
+        self.router: Router | None = None
+        self.output: SourceOutput | None = None
+        self.publication: rtc.LocalTrackPublication | None = None
+        self.disconnect_reason: int | None = None  # an rtc.DisconnectReason once the room is gone
+        self._source: rtc.AudioSource | None = None
+        self._outbox: Outbox | None = None
+        self._captions: Captions | None = None
+        self._readers: set[asyncio.Task] = set()
+        self._greeted: set[str] = set()  # identities sent ``ready``
+        self._done = asyncio.Event()
+        self._closed = False
+
+    # -- lifetime ---------------------------------------------------------------------------
+    def attach(self) -> None:
+        """Set up the session and register the room handlers; call before ``room.connect``
+        (a stream may arrive as soon as the room is joined)."""
+        self._source = new_source()
+        self._outbox = Outbox()
+
+        def session(send: Callable[[dict], None]) -> Session:
+            return Session(engine=self.engine, send=send, metrics=self.metrics, voice=self.voice,
+                           output=lambda sink: self._new_output(sink, self._source))
+
+        self.router = Router(session, self._deliver, self.speak_for)
+        self.room.register_text_stream_handler(TOPIC_TEXT, self._on_text_stream)
+        self.room.on("data_received", self._on_data)
+        self.room.on("participant_active", self._on_participant_active)
+        self.room.on("participant_disconnected", self._on_participant_disconnected)
+        self.room.on("disconnected", self._on_disconnected)
+
+    async def start(self) -> None:
+        """Publish the track and start listening; call once the room is connected."""
+        local = self.room.local_participant
+        track = rtc.LocalAudioTrack.create_audio_track(TRACK_NAME, self._source)
+        self.publication = await local.publish_track(
+            track, rtc.TrackPublishOptions(source=rtc.TrackSource.SOURCE_MICROPHONE))
+        self._captions = Captions(local, self.publication.sid)
+        local.register_rpc_method(RPC_INTERRUPT, self._on_interrupt_rpc)
+        await local.set_attributes({**self.attributes, READY_ATTRIBUTE: "true"})
+        for participant in self.room.remote_participants.values():
+            if participant.state == _ACTIVE:  # the others get it once active (participant_active)
+                self._send_ready(participant.identity)
+        log.info("joined room %r as %r (speaking for %s)", self.room.name, local.identity,
+                 ", ".join(sorted(self.speak_for)) if self.speak_for else "everyone")
+
+    def _new_output(self, sink: Callable[[dict], None], source: rtc.AudioSource) -> SourceOutput:
+        self.output = SourceOutput(sink, source)
+        return self.output
+
+    async def run(self) -> None:
+        """Serve the room until it ends (see the module docstring), then :meth:`close`."""
+        try:
+            await self._done.wait()
+        finally:
+            await self.close()
+
+    def stop(self) -> None:
+        """Make :meth:`run` return (e.g. on a signal)."""
+        self._done.set()
+
+    async def close(self) -> None:
+        """Cancel every turn, stop the pacer, close captions, leave the room (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._done.set()
+        for task in list(self._readers):
+            task.cancel()
+        await asyncio.gather(*self._readers, return_exceptions=True)
+        if self.router is not None:
+            await self.router.session.close()
+        if self.output is not None:
+            await self.output.aclose()
+        if self._captions is not None and self.room.isconnected():
+            self._outbox.put(self._captions.aclose)
+        if self._outbox is not None:
+            await self._outbox.aclose()
+        if self.room.isconnected():
+            try:
+                await asyncio.wait_for(self.room.disconnect(), DISCONNECT_TIMEOUT)
+            except (asyncio.TimeoutError, Exception) as exc:  # the server may be gone
+                log.warning("leaving room %r: %s", self.room.name, exc or type(exc).__name__)
+        log.info("left room %r", self.room.name)
+
+    # -- in -----------------------------------------------------------------------------------
+    def _on_text_stream(self, reader: rtc.TextStreamReader, identity: str) -> None:
+        if self._closed:
+            reader.close()
+            return
+        task = asyncio.get_running_loop().create_task(self._read_turn(reader, identity))
+        self._readers.add(task)
+        task.add_done_callback(self._readers.discard)
+
+    async def _read_turn(self, reader: rtc.TextStreamReader, identity: str) -> None:
+        """A ``myna.text`` stream is one turn: stream id = turn_id, chunks = text, close = end."""
+        turn_id = reader.info.stream_id
+        allowed = self.router.allowed(identity)
+        if not allowed:
+            self.router.message(identity, {"type": "end_turn", "turn_id": turn_id})  # → not_allowed
+        try:
+            async for chunk in reader:  # (a refused stream is read and dropped: bounded memory)
+                if allowed:
+                    self.router.text(identity, turn_id, chunk)
+        except rtc.StreamError as exc:  # aborted by the sender, or the sender left
+            log.info("text stream %s from %r ended early: %s", turn_id, identity, exc)
+        if allowed:
+            self.router.message(identity, {"type": "end_turn", "turn_id": turn_id})
+
+    def _on_data(self, packet: rtc.DataPacket) -> None:
+        if self._closed:
+            return
+        if packet.participant is None:  # the server, or a sender the room has not announced yet
+            log.warning("ignored a data packet on topic %r from a sender not (yet) in the room: senders "
+                        "should wait for Myna's ready event", packet.topic)
+            return
+        identity = packet.participant.identity
+        if packet.topic == TOPIC_MESSAGES:
+            self.router.packet(identity, packet.data)
+        elif packet.topic.startswith(TOPIC_MESSAGES) and packet.topic != TOPIC_EVENTS:
+            self._deliver(identity, {"type": "error", "code": "unknown_topic", "message":
+                                     f"Myna reads data packets on topic {TOPIC_MESSAGES!r}, not {packet.topic!r}"})
+        else:
+            log.debug("ignored a data packet on topic %r from %r", packet.topic, identity)
+
+    async def _on_interrupt_rpc(self, data: rtc.RpcInvocationData) -> str:
+        try:
+            dropped = self.router.interrupt(data.caller_identity)
+        except PermissionError as exc:
+            raise rtc.RpcError(rtc.RpcError.ErrorCode.APPLICATION_ERROR, str(exc)) from None
+        return json.dumps({"interrupted": dropped})
+
+    def _on_participant_active(self, participant: rtc.RemoteParticipant) -> None:
+        # Active = ready to receive data (a packet sent on join may arrive after later ones).
+        if not self._closed:
+            self._send_ready(participant.identity)
+
+    def _on_participant_disconnected(self, participant: rtc.RemoteParticipant) -> None:
+        if not self._closed:
+            self.router.participant_left(participant.identity)
+            self._greeted.discard(participant.identity)
+            if self.leave_when_empty and not self.others():
+                log.info("room %r has no one left to speak to", self.room.name)
+                self._done.set()
+
+    def _on_disconnected(self, reason: int) -> None:
+        self.disconnect_reason = reason
+        log.info("room %r disconnected: %s", self.room.name, rtc.DisconnectReason.Name(reason))
+        self._done.set()
+
+    def others(self) -> list[rtc.RemoteParticipant]:
+        """Participants other than agents (Myna instances included)."""
+        return [p for p in self.room.remote_participants.values() if p.kind != rtc.ParticipantKind.PARTICIPANT_KIND_AGENT]
+
+    # -- out ----------------------------------------------------------------------------------
+    def _send_ready(self, identity: str) -> None:
+        if identity not in self._greeted:
+            self._deliver(identity, self.router.session.ready_event(self.engines))
+
+    def _deliver(self, identity: str, event: dict) -> None:
+        """One event to ``identity`` on ``myna.events`` (``ready`` first, once); words and
+        turn ends also go to captions."""
+        if self._outbox is None or self._closed:
+            return
+        if identity not in self._greeted:
+            self._greeted.add(identity)
+            if event["type"] != "ready":
+                self._deliver(identity, self.router.session.ready_event(self.engines))
+        payload = json.dumps(event)
+        self._outbox.put(lambda: self.room.local_participant.publish_data(
+            payload, reliable=True, destination_identities=[identity], topic=TOPIC_EVENTS))
+        key = f"{identity}\n{event.get('turn_id')}"
+        if self._captions is None:  # (before start: nothing has been heard yet)
+            return
+        if event["type"] == "word":
+            self._outbox.put(lambda: self._captions.word(key, event["turn_id"], event["word"]))
+        elif event["type"] == "turn_done":
+            self._outbox.put(lambda: self._captions.final(key, event["turn_id"]))

@@ -1,0 +1,137 @@
+"""The room's audio: the session's playout feeding an ``rtc.AudioSource`` in 20 ms frames.
+
+In a LiveKit room the SDK (its Rust core) encodes Opus and paces the track natively: a 10 ms
+task takes 10 ms from the source's buffer and sends silence when the buffer is empty.
+``capture_frame`` returns at once while the buffer holds at most ``queue_size_ms`` and waits
+otherwise, so awaiting it paces the producer on the sender's own clock. (Measured behaviour and
+traps: ``../shared/research/livekit.md`` §2.3.)
+
+:class:`SourceOutput` is the session's :class:`~myna.rtc.session.TurnOutput`: the same
+:class:`~myna.audio.playout.Playout` as the WebRTC path (pre-roll, underruns, barge-in fade,
+events when a frame is handed out), drained by one task (:meth:`SourceOutput._pace`):
+
+- **Speaking.** Each 20 ms frame goes to ``capture_frame`` and the next is taken when it
+  returns. With :data:`QUEUE_MS` = 20 the source holds 20–40 ms ahead of what is being sent,
+  which is all the slack the event loop gets, and all the lag an event has on its audio.
+- **Nothing to say.** While the source's buffer is empty, silent frames (a turn's pre-roll) are
+  not queued: queued silence would sit in front of the first syllable. The task waits for the
+  next 20 ms deadline instead, and when nothing at all is queued it sleeps until a turn begins.
+  The source sends silence by itself meanwhile, so the track stays continuous.
+- **Barge-in.** :meth:`interrupt` drops the playout's turns at once (keeping its 5 ms fade);
+  what the source already holds (at most 40 ms) plays out, then the fade. The cut is click-free
+  and the interrupted turn is silent at most ~45 ms after :meth:`interrupt`. Clearing the
+  source's buffer would cut mid-waveform (a click) to save those 40 ms. The frame being
+  captured is never cancelled (a cancelled capture breaks the next one, §2.3).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+import numpy as np
+from livekit import rtc
+
+from myna.audio.playout import FADE_SAMPLES, FRAME_SAMPLES, IDLE_FRAME, SAMPLE_RATE, Playout
+
+log = logging.getLogger(__name__)
+
+#: The source's queue (ms; must be a multiple of 10, or the SDK aborts the process).
+QUEUE_MS = 20
+FRAME_S = FRAME_SAMPLES / SAMPLE_RATE
+
+
+def new_source() -> rtc.AudioSource:
+    """A 48 kHz mono ``rtc.AudioSource`` with Myna's small queue (:data:`QUEUE_MS`)."""
+    return rtc.AudioSource(SAMPLE_RATE, 1, queue_size_ms=QUEUE_MS)
+
+
+class SourceOutput:
+    """A :class:`~myna.rtc.session.TurnOutput` whose frames go to an ``rtc.AudioSource``.
+
+    Args:
+        on_event: the session's event sink (``first_audio``, ``word``, ``turn_done``).
+        source: 48 kHz mono source of the published track (see :func:`new_source`).
+        clock: monotonic clock in seconds.
+    """
+
+    def __init__(self, on_event: Callable[[dict], None], source: rtc.AudioSource,
+                 clock: Callable[[], float] = time.monotonic):
+        self.playout = Playout(on_event, clock=clock)
+        self.source = source
+        self._clock = clock
+        self._wake = asyncio.Event()
+        self.frames_sent = 0  # frames handed to the source
+        #: For each barge-in: ms of the interrupted turn still to be sent by the source (what
+        #: it held, plus the fade), i.e. how long after :meth:`interrupt` the turn stays audible.
+        self.interrupt_tails_ms: list[float] = []
+        #: Times the source ran dry between two frames of audio (it filled the gap with silence:
+        #: the event loop was too late for the 20–40 ms the source holds).
+        self.source_gaps = 0
+        self._task = asyncio.get_running_loop().create_task(self._pace(), name="myna-room-pacer")
+
+    # -- TurnOutput -------------------------------------------------------------------------
+    def begin_turn(self, turn_id: str, text_at: float) -> None:
+        self.playout.begin_turn(turn_id, text_at)
+        self._wake.set()
+
+    def push_audio(self, turn_id: str, pcm: np.ndarray, sample_rate: int) -> None:
+        self.playout.push_audio(turn_id, pcm, sample_rate)
+
+    def push_word(self, turn_id: str, word: str, start_ms: float) -> None:
+        self.playout.push_word(turn_id, word, start_ms)
+
+    def end_turn(self, turn_id: str) -> None:
+        self.playout.end_turn(turn_id)
+
+    def interrupt(self) -> list[tuple[str, float, int]]:
+        dropped = self.playout.interrupt()
+        if dropped and dropped[0][1] > 0:  # the playing turn had been heard: it ends after what is queued
+            self.interrupt_tails_ms.append(round(1000.0 * (self.source.queued_duration + FADE_SAMPLES / SAMPLE_RATE), 1))
+        self._wake.set()  # the fade-out tail still goes out
+        return dropped
+
+    # -- the pacer --------------------------------------------------------------------------
+    async def _pace(self) -> None:
+        deadline = None  # next 20 ms slot while holding silence back (clock s)
+        failures = 0  # captures failed in a row
+        flowing = False  # the previous frame went to the source and nothing was held back since
+        while True:
+            frame = self.playout.next_frame()
+            if frame is IDLE_FRAME:  # nothing queued: sleep until a turn begins
+                flowing = False
+                self._wake.clear()
+                await self._wake.wait()
+                deadline = None
+                continue
+            if self.source.queued_duration <= 0.0 and not frame.any():
+                # Pre-roll (or a starved turn) with nothing buffered: hold the silence back.
+                flowing = False
+                now = self._clock()
+                deadline = now + FRAME_S if deadline is None or deadline < now - FRAME_S else deadline + FRAME_S
+                await asyncio.sleep(max(0.0, deadline - now))
+                continue
+            deadline = None
+            if flowing and self.source.queued_duration <= 0.0:
+                self.source_gaps += 1
+            try:
+                await self.source.capture_frame(rtc.AudioFrame(frame.tobytes(), SAMPLE_RATE, 1, FRAME_SAMPLES))
+            except Exception as exc:  # the SDK refused this frame: lose 20 ms, keep the track going
+                if not failures:
+                    log.warning("room audio: a frame could not be captured: %s", exc)
+                failures += 1
+                await asyncio.sleep(FRAME_S)
+                continue
+            if failures:
+                log.warning("room audio: %d frame(s) lost", failures)
+                failures = 0
+            flowing = True
+            self.frames_sent += 1
+
+    async def aclose(self) -> None:
+        """Stop the pacer and release the source (idempotent)."""
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        await self.source.aclose()

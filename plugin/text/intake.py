@@ -1,0 +1,168 @@
+"""The text front end of a turn: LLM token chunks in, words and pauses for the voice out.
+
+:class:`TextIntake` is what every engine stream puts in front of its voice
+(:class:`myna.engines.base.SynthesisStream`). Follow one chunk:
+
+1. :class:`~myna.text.markup.TagScanner` removes markup (also when a tag is split across
+   chunks); ``<break time="0.5s"/>`` becomes a :class:`Pause` and line-ending tags a line break.
+2. Line breaks end a phrase: the line's last word gets a full stop when it has no clause
+   punctuation, and a ``Pause(0)`` boundary follows it, so list items and headings are spoken
+   as units with a pause after each. A list marker opening a line (``1.``, ``2)``, ``a.``, ``B)``)
+   loses its punctuation, so ``"1. Apple"`` is one phrase, "one Apple", with no stop inside.
+3. :class:`~myna.text.segment.WordSegmenter` cuts the text into whole normalised words.
+4. A word is complete when whitespace follows it, or at once when it ends a sentence
+   (``"you."``, ``"done!"``: token streams put the space in front of the next word, so waiting
+   for it would hold a finished sentence until the LLM writes more). ``"3."`` (maybe ``3.14``),
+   ``"U."`` (maybe ``U.S.``) and URLs wait. A word with nothing after it is also complete once
+   the text has been quiet a while: the caller calls :meth:`TextIntake.settle` for that.
+5. Words in a script the voice cannot read come out as :class:`Skipped`, not as words.
+
+Two chunks that abut across a sentence end (``"…for you."`` then ``"Your order…"``) are two
+words, never ``"you.Your"``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from myna.text.markup import LINE_BREAK, Pause, TagScanner
+from myna.text.normalise import ends_clause
+from myna.text.scripts import LATIN, foreign_script
+from myna.text.segment import WordSegmenter
+from myna.text.sentences import CLOSERS
+
+__all__ = ["Pause", "Skipped", "TextIntake", "IntakeItem", "speech_in"]
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A word left out because the voice cannot read its script (e.g. ``"Cyrillic"``)."""
+
+    script: str
+    word: str
+
+
+IntakeItem = str | Pause | Skipped
+
+_LINE_BREAKS = re.compile(r"(\r\n|[\n\r\v\f\u2028\u2029])")
+# A list marker opening a line, followed by whitespace: "1.", "12)", "a.", "B)" (not "J.", an
+# initial as often as a marker).
+_LIST_MARKER = re.compile(r"^(\s*)(\d{1,3}|[a-z](?=\.)|[A-Za-z](?=\)))[.)](?=\s)")
+# The longest first word at a line start that is still held to see whether it is a marker.
+_MARKER_CHARS = 4
+# A raw word that ends its sentence now: letters (two or more, so not an initial or "U.S"
+# in progress) then . ! ? …, or ! ? … after anything.
+_SENTENCE_FINAL = re.compile(r"(?:[^\W\d_]{2,}[.!?…]+|[!?…]+)$")
+_URL_LIKE = re.compile(r"://|^www\.|@|\]\(|/")
+
+
+class TextIntake:
+    """Turn one turn's text chunks into words (str), :class:`Pause` and :class:`Skipped` items.
+
+    Args:
+        scripts: script names the voice reads (:mod:`myna.text.scripts`).
+
+    >>> intake = TextIntake()
+    >>> intake.push("Let"), intake.push(" me check"), intake.push(" that for you.")
+    ([], ['Let', 'me'], ['check', 'that', 'for', 'you.'])
+    >>> intake.push("Here:\\n1. Apple\\n2. Pear"), intake.flush()
+    (['Here:', Pause(ms=0.0), '1', 'Apple.', Pause(ms=0.0), '2'], ['Pear'])
+    """
+
+    def __init__(self, scripts: frozenset[str] = LATIN):
+        self.scripts = scripts
+        self._tags = TagScanner()
+        self._words = WordSegmenter()
+        self._head: str | None = ""  # raw text of a line's start (None: past the first word)
+        self._since_break = False  # a word has gone out since the last boundary
+
+    @property
+    def pending(self) -> bool:
+        """True while text is held that :meth:`settle` would release (a partial word, a word
+        that may still take punctuation, a line start), or a tag waits for its end."""
+        return bool(self._head) or self._words.holding or self._tags.holding
+
+    def push(self, chunk: str) -> list[IntakeItem]:
+        """Add a chunk (any split); return the items it completed, in order."""
+        out = self._scan(self._tags.push(chunk))
+        if _SENTENCE_FINAL.search(self._words.partial.rstrip(CLOSERS)) and not _URL_LIKE.search(self._words.partial):
+            out += self._accept(self._words.flush())
+        return out
+
+    def settle(self) -> list[IntakeItem]:
+        """The text has been quiet: what is held (except an unfinished tag) is complete."""
+        return self._release_head() + self._accept(self._words.flush())
+
+    def flush(self) -> list[IntakeItem]:
+        """End of the turn: return everything left and reset."""
+        out = self._scan(self._tags.flush()) + self.settle()
+        self._head, self._since_break = "", False
+        return out
+
+    # -- internals --------------------------------------------------------------------------
+    def _scan(self, pieces) -> list[IntakeItem]:
+        out: list[IntakeItem] = []
+        for piece in pieces:
+            if isinstance(piece, Pause):
+                out += self.settle()
+                out.append(piece)
+                self._since_break = False
+                continue
+            for part in _LINE_BREAKS.split(piece.replace(LINE_BREAK, "\n")):
+                if _LINE_BREAKS.fullmatch(part):
+                    out += self._line_end()
+                elif part:
+                    out += self._line_text(part)
+        return out
+
+    def _line_text(self, text: str) -> list[IntakeItem]:
+        if self._head is None:
+            return self._accept(self._words.push(text))
+        self._head += text
+        first = self._head.split(maxsplit=1)[0] if self._head.strip() else ""
+        complete = bool(re.match(r"\s*\S+\s", self._head)) or bool(_SENTENCE_FINAL.search(first.rstrip(CLOSERS)))
+        if complete or len(first) > _MARKER_CHARS:
+            return self._release_head()  # the line's first word is complete, or too long to be a marker
+        return []
+
+    def _release_head(self) -> list[IntakeItem]:
+        head, self._head = self._head, None
+        if not head:
+            return []
+        return self._accept(self._words.push(_LIST_MARKER.sub(r"\1\2", head)))
+
+    def _line_end(self) -> list[IntakeItem]:
+        out = self._release_head()
+        words = self._words.flush()
+        if words and not ends_clause(words[-1]):
+            words[-1] += "."  # the line ends a phrase: say it so
+        out += self._accept(words)
+        if self._since_break:
+            out.append(Pause(0.0))
+            self._since_break = False
+        self._head = ""
+        return out
+
+    def _accept(self, words: list[str]) -> list[IntakeItem]:
+        out: list[IntakeItem] = []
+        for word in words:
+            script = foreign_script(word, self.scripts)
+            if script is None:
+                out.append(word)
+                self._since_break = True
+            else:
+                out.append(Skipped(script, word))
+        return out
+
+
+def speech_in(text: str, scripts: frozenset[str] = LATIN) -> tuple[bool, list[Skipped]]:
+    """Whether ``text`` (a whole reply or its start) holds a word a voice reading ``scripts``
+    would speak, and the words it would leave out.
+
+    >>> speech_in("👍 ..."), speech_in("<break time='1s'/>"), speech_in("Привет")[0], speech_in("1")
+    ((False, []), (False, []), False, (True, []))
+    """
+    intake = TextIntake(scripts)
+    items = intake.push(text) + intake.flush()
+    return any(isinstance(item, str) for item in items), [item for item in items if isinstance(item, Skipped)]

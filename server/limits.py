@@ -1,0 +1,215 @@
+"""Admission limits of a worker: how many sessions, how fast, how much text.
+
+A worker on the internet must bound what one client can take. Three kinds of limit:
+
+- **Sessions.** A global cap (``--max-sessions``; by default the engine's measured capacity on
+  this host, :func:`measure_capacity`) and a per-client cap (a client is the token's identity,
+  or the remote address without keys). Over the global cap: 503 ``full``; over a client's cap:
+  429 ``too_many_sessions``. Both carry ``Retry-After``.
+- **Rates.** Offers (``POST /api/offer``, WebSocket connections) per client and messages per
+  session, each a token bucket (:class:`TokenBucket`): ``burst`` at once, then ``rate`` per
+  second. An offer over the rate gets 429 ``rate_limited`` with ``Retry-After``; a message over
+  the rate gets an ``error`` event ``rate_limited`` and is dropped.
+- **Turns.** Characters per turn (``turn_too_long``) and turns queued per session
+  (``too_many_turns``), enforced by :class:`myna.rtc.session.Session`.
+
+Every limit is a :class:`Limits` field, a ``myna serve`` flag and a ``/metrics`` gauge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from myna.engines import AudioChunk, Engine
+
+#: Seconds a refused client is told to wait when the worker or its own session cap is full
+#: (a guess: sessions last seconds to minutes; the client retries, it does not spin).
+RETRY_WHEN_FULL_S = 5
+#: Sentence synthesised to measure an engine's capacity (about 3 s of speech).
+CAPACITY_TEXT = "The weather today is sunny, with a light breeze from the west and a few clouds."
+
+
+@dataclass
+class Limits:
+    """A worker's limits (the defaults are ``myna serve``'s); ``None`` turns one off.
+
+    Attributes:
+        max_sessions: sessions open at once, WebRTC and WebSocket together (``myna serve``
+            measures it when not given: :func:`measure_capacity`).
+        max_sessions_per_client: sessions one client (identity or address) may hold at once.
+        offer_rate: offers (and WebSocket connections) per second per client, sustained.
+        offer_burst: offers a client may make back to back before ``offer_rate`` applies.
+        message_rate: client messages per second per session, sustained.
+        message_burst: messages a session may send back to back.
+        max_turn_chars: characters of text one turn may carry.
+        max_queued_turns: turns a session may have open or queued at once.
+    """
+
+    max_sessions: int | None = None
+    max_sessions_per_client: int | None = 8
+    offer_rate: float | None = 1.0
+    offer_burst: int = 10
+    message_rate: float | None = 200.0
+    message_burst: int = 400
+    max_turn_chars: int | None = 10_000
+    max_queued_turns: int | None = 8
+
+    @classmethod
+    def off(cls) -> "Limits":
+        """No limit at all (a worker built in code, e.g. by a benchmark, unless it asks)."""
+        return cls(None, None, None, 1, None, 1, None, None)
+
+
+class LimitExceeded(Exception):
+    """A request refused by a limit: HTTP ``status``, contract ``code``, ``retry_after`` (s)."""
+
+    def __init__(self, status: int, code: str, message: str, retry_after: int):
+        super().__init__(message)
+        self.status, self.code, self.message, self.retry_after = status, code, message, retry_after
+
+
+class TokenBucket:
+    """``burst`` tokens, refilled at ``rate`` per second (a rate of 0 or None: unlimited).
+
+    Args:
+        rate: tokens added per second.
+        burst: bucket size (tokens available at once).
+        clock: monotonic clock in seconds.
+    """
+
+    def __init__(self, rate: float | None, burst: int, clock: Callable[[], float] = time.monotonic):
+        self.rate, self.burst, self._clock = rate, max(1, burst), clock
+        self._tokens = float(self.burst)
+        self._at = clock()
+
+    def take(self) -> float:
+        """Take one token; returns 0.0 on success, else seconds until one is available."""
+        if not self.rate:
+            return 0.0
+        now = self._clock()
+        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
+        self._at = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return 0.0
+        return (1.0 - self._tokens) / self.rate
+
+    @property
+    def full(self) -> bool:
+        """True when the bucket has refilled completely (its state can be forgotten)."""
+        return not self.rate or self._tokens + (self._clock() - self._at) * self.rate >= self.burst
+
+
+class MessageRate:
+    """The message rate cap of one session: a :class:`TokenBucket` that says when to report.
+
+    Over the rate, messages are dropped; the first drop after an accepted message is reported
+    (one ``error`` event), the rest silently, so a flood cannot draw a flood of errors.
+    """
+
+    def __init__(self, rate: float | None, burst: int, clock: Callable[[], float] = time.monotonic):
+        self._bucket = TokenBucket(rate, burst, clock)
+        self._reported = False
+        self.message = f"too many messages; at most {rate or 0:g} per second (burst {burst}); this one was dropped"
+
+    def allow(self) -> tuple[bool, bool]:
+        """``(accept, report)`` for the next message."""
+        if not self._bucket.take():
+            self._reported = False
+            return True, False
+        report, self._reported = not self._reported, True
+        return False, report
+
+
+@dataclass
+class Admission:
+    """Counts sessions per client and paces offers; one per worker.
+
+    Args:
+        limits: the worker's limits (``max_sessions`` must be set before :meth:`admit`).
+        clock: monotonic clock in seconds.
+    """
+
+    limits: Limits
+    clock: Callable[[], float] = time.monotonic
+    sessions: dict[str, int] = field(default_factory=dict)  # client → open sessions
+    _offers: dict[str, TokenBucket] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        """Sessions open now."""
+        return sum(self.sessions.values())
+
+    @property
+    def full(self) -> bool:
+        return self.limits.max_sessions is not None and self.total >= self.limits.max_sessions
+
+    def admit(self, client: str, client_max: int | None = None) -> None:
+        """Check that ``client`` may open one more session now, and count the offer.
+
+        ``client_max`` tightens the per-client cap (a token's ``myna.max_sessions`` claim).
+        Call :meth:`hold` once the session exists.
+
+        Raises:
+            LimitExceeded: 503 ``full``, 429 ``too_many_sessions`` or 429 ``rate_limited``.
+        """
+        if self.full:
+            raise LimitExceeded(503, "full", f"the worker is at its limit of {self.limits.max_sessions} sessions",
+                                RETRY_WHEN_FULL_S)
+        cap = min((c for c in (self.limits.max_sessions_per_client, client_max) if c is not None), default=None)
+        if cap is not None and self.sessions.get(client, 0) >= cap:
+            raise LimitExceeded(429, "too_many_sessions", f"at most {cap} sessions per client", RETRY_WHEN_FULL_S)
+        self._forget_idle_buckets()
+        bucket = self._offers.get(client)
+        if bucket is None:
+            bucket = self._offers[client] = TokenBucket(self.limits.offer_rate, self.limits.offer_burst, self.clock)
+        wait = bucket.take()
+        if wait:
+            raise LimitExceeded(429, "rate_limited", f"too many offers; at most {self.limits.offer_rate:g} per second",
+                                max(1, math.ceil(wait)))
+
+    def hold(self, client: str) -> Callable[[], None]:
+        """Count a session of ``client``; returns the function that releases it (idempotent)."""
+        self.sessions[client] = self.sessions.get(client, 0) + 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.sessions[client] -= 1
+                if not self.sessions[client]:
+                    del self.sessions[client]
+
+        return release
+
+    def _forget_idle_buckets(self) -> None:
+        if len(self._offers) > 1024:  # bound memory: a refilled bucket is the same as none
+            for client in [c for c, b in self._offers.items() if b.full]:
+                del self._offers[client]
+
+
+async def measure_capacity(engine: Engine, streams: int = 4, utilisation: float = 0.8) -> int:
+    """Sessions ``engine`` can keep speaking continuously on this host, measured now.
+
+    Synthesises :data:`CAPACITY_TEXT` on ``streams`` concurrent streams and returns
+    ``floor(utilisation × audio seconds produced / wall seconds)``, at least 1.
+
+    Raises:
+        EngineError: when the engine fails to synthesise.
+    """
+
+    async def one() -> float:
+        stream = engine.stream(None, group=object())
+        stream.push_text(CAPACITY_TEXT)
+        stream.end_input()
+        return sum(item.duration_ms for item in [i async for i in stream] if isinstance(item, AudioChunk)) / 1000.0
+
+    t0 = time.monotonic()
+    audio_s = sum(await asyncio.gather(*(one() for _ in range(streams))))
+    wall_s = max(time.monotonic() - t0, 1e-6)
+    return max(1, math.floor(utilisation * audio_s / wall_s))

@@ -1,0 +1,57 @@
+"""The dsm engine gets the same text front end as Piper (engines/base.py): tags are never
+spoken and scripts the voice cannot read are reported, not spoken (issue 11.5, 11.6). A
+``<break>`` is not timed there (the words run on; see README "Text")."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+import torch
+
+from myna.engines import ErrorEvent, WordEvent
+
+os.environ.setdefault("NO_TORCH_COMPILE", "1")
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    from myna.dsm import build_tiny_checkpoint
+    from myna.dsm.tiny import TINY_VOICE
+    from myna.engines.dsm import DSMEngine
+
+    threads = torch.get_num_threads()
+    folder = build_tiny_checkpoint(tmp_path_factory.mktemp("tiny_text"), seed=0)
+    eng = DSMEngine(folder, voice=folder / TINY_VOICE, n_q=32, max_ahead_s=float("inf"), seed=9, threads=1)
+    asyncio.run(eng.start())
+    yield eng
+    asyncio.run(eng.close())
+    torch.set_num_threads(threads)
+
+
+async def _run(engine, chunks):
+    stream = engine.stream()
+    for chunk in chunks:
+        stream.push_text(chunk)
+    stream.end_input()
+    items = []
+
+    async def drain():
+        async for item in stream:
+            items.append(item)
+
+    await asyncio.wait_for(drain(), 120)
+    return items
+
+
+async def test_tags_are_never_spoken(engine):
+    items = await _run(engine, ["It's fine <bre", 'ak time="0.5s" />', " <emphasis>ok</emphasis>."])
+    assert [i.word for i in items if isinstance(i, WordEvent)] == ["It's", "fine", "ok"]
+
+
+async def test_unsupported_scripts_are_reported_and_the_rest_spoken(engine):
+    items = await _run(engine, ["Hello Привет, you."])
+    assert [i.word for i in items if isinstance(i, WordEvent)] == ["Hello", "you"]
+    errors = [i for i in items if isinstance(i, ErrorEvent)]
+    assert [e.code for e in errors] == ["unsupported_language"] and "Cyrillic" in errors[0].message

@@ -1,0 +1,43 @@
+"""A worker in the test's own event loop, with a tone engine that speaks instantly.
+
+``ToneEngine`` says each word as a 440 Hz tone of ``word_ms`` (default 120 ms) and emits a
+``WordEvent`` per word; ``pcm`` lets a test hand out chunks of any shape (a broken engine).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from myna.engines import AudioChunk, Engine, SynthesisStream, WordEvent
+
+
+def tone(ms: float, rate: int = 24_000) -> np.ndarray:
+    t = np.arange(int(rate * ms / 1000)) / rate
+    return (0.4 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+
+
+class ToneStream(SynthesisStream):
+    def __init__(self, engine: "ToneEngine"):
+        super().__init__()
+        self.engine = engine
+        self.at_ms = 0.0
+
+    def _on_words(self, words: list[str]) -> None:
+        for word in words:
+            self._emit(WordEvent(word, self.at_ms))
+            self._emit(AudioChunk(self.engine.pcm(self.engine.word_ms), self.engine.sample_rate))
+            self.at_ms += self.engine.word_ms
+
+    def _on_end_input(self) -> None:
+        self._finish()
+
+
+class ToneEngine(Engine):
+    """Args: name; sample_rate of its chunks (Hz); word_ms per word; pcm(ms) → the chunk."""
+
+    def __init__(self, name: str = "tone", sample_rate: int = 24_000, word_ms: float = 120.0, pcm=None):
+        self.name, self.sample_rate, self.word_ms = name, sample_rate, word_ms
+        self.pcm = pcm or (lambda ms: tone(ms, sample_rate))
+
+    def stream(self, voice=None, group=None) -> ToneStream:
+        return ToneStream(self)

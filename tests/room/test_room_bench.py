@@ -1,0 +1,33 @@
+"""``myna bench ttfa --transport livekit`` runs end to end (short) and reports both paths."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.room.support import ARTIFACTS
+
+pytestmark = pytest.mark.network
+
+
+def test_the_livekit_bench_measures_both_paths_in_one_run(livekit_node):  # (the fixture: server installed)
+    ARTIFACTS.mkdir(exist_ok=True)
+    out = ARTIFACTS / "bench-ttfa-livekit.json"
+    cmd = [sys.executable, "-m", "myna.cli", "--log-level", "warning", "bench", "ttfa", "--transport", "livekit",
+           "--turns", "2", "--interrupts", "1", "--cpu-sessions", "2", "--cpu-window", "2", "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    (ARTIFACTS / "bench-ttfa-livekit.txt").write_text(proc.stdout + proc.stderr[-5000:])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    for path in ("direct", "room"):
+        ttfa = result["ttfa"][path]
+        assert ttfa["perceived_ttfa_ms"]["n"] == 2 and ttfa["silent_turns"] == 0, ttfa
+        assert ttfa["server_ttfa_ms"]["p50"] < ttfa["perceived_ttfa_ms"]["p50"]
+        assert result["interrupt"][path]["lag_ms"]["n"] == 1
+        cpu = result["cpu"][path]
+        assert cpu["sessions"] == 2 and cpu["process_cpu_s"] > 0 and cpu["sessions_per_core"] > 0, cpu
+    assert result["interrupt"]["room"]["sender_tail_ms"]["n"] == 1
+    assert "Room TTFA p50 − direct TTFA p50" in proc.stdout and "sessions per core" in proc.stdout

@@ -1,0 +1,193 @@
+"""The room's Router without a server: many participants' turns through one session."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import numpy as np
+import pytest
+
+from myna.engines import AudioChunk, Engine, SynthesisStream, WordEvent
+from myna.metrics import Metrics
+from myna.room import routing
+from myna.room.routing import Router
+from myna.rtc.session import Session
+
+
+class EchoStream(SynthesisStream):
+    """Each whole word comes back as a WordEvent and 100 ms of tone."""
+
+    def _on_words(self, words):
+        for word in words:
+            self._emit(WordEvent(word, 0.0))
+            self._emit(AudioChunk(np.full(2205, 0.1, np.float32), 22050))
+
+    def _on_end_input(self):
+        self._finish()
+
+
+class Echo(Engine):
+    name = "echo"
+    sample_rate = 22050
+
+    def __init__(self):
+        self.streams: list[EchoStream] = []
+
+    def stream(self, voice=None, group=None):
+        self.streams.append(EchoStream())
+        return self.streams[-1]
+
+
+class RecordingOutput:
+    """A TurnOutput that plays a turn the moment its input ends (events only, no audio); a turn
+    whose id is in ``hold`` keeps playing until :meth:`release`."""
+
+    hold: set[str] = set()
+
+    def __init__(self, sink):
+        self.sink, self.turns, self.words = sink, [], {}
+        self.held: set[str] = set()
+
+    def begin_turn(self, turn_id, text_at):
+        self.turns.append(turn_id)
+        self.words[turn_id] = []
+
+    def push_audio(self, turn_id, pcm, sample_rate):
+        pass
+
+    def push_word(self, turn_id, word, start_ms):
+        if turn_id in self.words:
+            self.words[turn_id].append(word)
+            self.sink({"type": "word", "turn_id": turn_id, "word": word, "start_ms": start_ms})
+
+    def end_turn(self, turn_id):
+        if turn_id in self.turns and turn_id in self.hold:
+            self.held.add(turn_id)
+        elif turn_id in self.turns:
+            self.turns.remove(turn_id)
+            self.sink({"type": "turn_done", "turn_id": turn_id, "audio_ms": 0.0, "underruns": 0})
+
+    def release(self, turn_id):
+        self.hold = set()
+        self.end_turn(turn_id)
+
+    def interrupt(self):
+        dropped = [(t, 0.0, 0) for t in self.turns]
+        self.turns.clear()
+        return dropped
+
+
+@pytest.fixture
+def room():
+    """A router over a real Session with the echo engine; ``delivered`` records (identity, event)."""
+    delivered: list[tuple[str, dict]] = []
+    engine = Echo()
+    outputs = []
+    router = Router(lambda send: Session(engine=engine, send=send, metrics=Metrics(),
+                                         output=lambda sink: outputs.append(RecordingOutput(sink)) or outputs[-1]),
+                    lambda identity, event: delivered.append((identity, json.loads(json.dumps(event)))))
+    router.output = outputs[0]
+    return router, delivered, engine
+
+
+def events_of(delivered, identity):
+    return [(e["type"], e.get("turn_id")) for who, e in delivered if who == identity]
+
+
+async def settle():
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_each_participant_sees_its_own_turn_ids_and_its_text_stays_in_its_turn(room):
+    router, delivered, _ = room
+    router.message("alice", {"type": "text", "turn_id": "1", "text": "good morning"})
+    router.message("bob", {"type": "text", "turn_id": "1", "text": "bonjour"})
+    router.message("alice", {"type": "end_turn", "turn_id": "1"})
+    router.message("bob", {"type": "end_turn", "turn_id": "1"})
+    await settle()
+    words = lambda who: [e["word"] for w, e in delivered if w == who and e["type"] == "word"]  # noqa: E731
+    assert words("alice") == ["good", "morning"] and words("bob") == ["bonjour"]
+    assert events_of(delivered, "alice")[0] == ("turn_started", "1") and events_of(delivered, "alice")[-1] == ("turn_done", "1")
+    assert events_of(delivered, "bob")[0] == ("turn_started", "1") and events_of(delivered, "bob")[-1] == ("turn_done", "1")
+
+
+async def test_a_late_chunk_for_an_ended_turn_is_refused_to_its_sender_only(room):
+    router, delivered, _ = room
+    router.message("alice", {"type": "end_turn", "turn_id": "a"})
+    await settle()
+    router.message("alice", {"type": "text", "turn_id": "a", "text": "too late"})
+    assert delivered[-1] == ("alice", {"type": "error", "code": "turn_ended", "turn_id": "a",
+                                       "message": "turn 'a' has ended; use a new turn_id"})
+    assert all(who == "alice" for who, _ in delivered)
+
+
+async def test_bad_packets_get_errors_and_unparseable_turn_ids_never_reach_the_session(room):
+    router, delivered, engine = room
+    for raw, code in [(b"\xff", "bad_encoding"), (b"[", "bad_json"), (b"[]", "bad_message"),
+                      (json.dumps({"type": "text", "turn_id": "x" * 200, "text": "hi"}), "bad_message"),
+                      (json.dumps({"type": "text", "turn_id": True, "text": "hi"}), "bad_message"),
+                      (json.dumps({"type": "nope"}), "unknown_type")]:
+        router.packet("alice", raw)
+        assert delivered[-1][0] == "alice" and delivered[-1][1]["code"] == code, raw
+    assert not engine.streams
+
+
+async def test_who_may_speak(room, caplog):
+    router, delivered, engine = room
+    router.speak_for = frozenset({"alice"})
+    caplog.set_level(logging.WARNING, logger="myna.room")
+    router.message("mallory", {"type": "text", "turn_id": "m", "text": "hello"})
+    assert delivered == [("mallory", {"type": "error", "code": "not_allowed", "turn_id": "m",
+                                      "message": "'mallory' may not speak through Myna"})]
+    assert "not allowed to speak" in caplog.text and not engine.streams
+    with pytest.raises(PermissionError):
+        router.interrupt("mallory")
+    router.message("alice", {"type": "text", "turn_id": "a", "text": "hi"})
+    assert engine.streams
+
+
+async def test_interrupt_returns_the_callers_dropped_turns_and_tells_every_owner(room):
+    router, delivered, _ = room
+    router.message("alice", {"type": "text", "turn_id": "a1", "text": "one"})
+    router.message("bob", {"type": "text", "turn_id": "b1", "text": "two"})
+    assert router.speaking()
+    assert router.interrupt("alice") == ["a1"]
+    assert ("alice", {"type": "turn_done", "turn_id": "a1", "audio_ms": 0.0, "underruns": 0, "interrupted": True}) in delivered
+    assert ("bob", {"type": "turn_done", "turn_id": "b1", "audio_ms": 0.0, "underruns": 0, "interrupted": True}) in delivered
+    assert not router.speaking()
+
+
+async def test_a_participant_leaving_mid_turn_cancels_its_synthesis(room):
+    router, delivered, engine = room
+    router.message("bob", {"type": "text", "turn_id": "b", "text": "a long reply"})
+    router.participant_left("alice")  # owns nothing: nothing happens
+    assert router.speaking() and not engine.streams[0].cancelled
+    router.participant_left("bob")
+    assert engine.streams[0].cancelled and not router.speaking()
+    router.message("bob", {"type": "text", "turn_id": "b", "text": "back again"})  # a new session of bob's
+    assert router.speaking() and len(engine.streams) == 2
+
+
+async def test_long_stream_chunks_are_cut_into_contract_sized_pieces(room):
+    router, delivered, engine = room
+    router.text("alice", "s1", "word " * 3000)  # 15,000 characters in one chunk
+    router.message("alice", {"type": "end_turn", "turn_id": "s1"})
+    await settle()
+    assert not [e for _, e in delivered if e["type"] == "error"]
+    assert sum(1 for _, e in delivered if e["type"] == "word") == 3000
+
+
+async def test_ended_turn_ids_are_forgotten_beyond_the_limit_but_live_ones_never(room, monkeypatch):
+    monkeypatch.setattr(routing, "REMEMBERED_PAIRS", 3)
+    router, delivered, _ = room
+    router.output.hold = {"r1"}  # the first turn keeps playing
+    router.message("alice", {"type": "text", "turn_id": "live", "text": "x"})
+    for i in range(10):
+        router.message("alice", {"type": "end_turn", "turn_id": f"t{i}"})
+        await settle()
+    assert list(router._ids) == [("alice", "live"), ("alice", "t7"), ("alice", "t8"), ("alice", "t9")]
+    router.output.release("r1")
+    assert delivered[-1] == ("alice", {"type": "turn_done", "turn_id": "live", "audio_ms": 0.0, "underruns": 0})
