@@ -459,6 +459,9 @@ def format_table(result: dict) -> str:
     lines.append("TTFA: first text chunk sent → first audible sample received (ms); server: the worker's first_audio "
                  "(ms); pre-roll: max first_audio.pre_roll_ms; gap: each turn's total gap_ms (p95 over turns, sum); "
                  "under: underruns; RTF: engine busy s per audio s (lower is better); WER: Whisper tiny.en.")
+    if any(row["rtf"] is None and not row.get("peer") for row in result["rows"]):
+        lines.append("RTF —: not measured; only a worker this benchmark starts itself reports its engines' busy "
+                     "time (not one given with --server or --compare).")
     lines += _ratios(result)
     for race in result.get("races", []):
         wins = ", ".join(f"{lane['system']} {lane['wins']}" for lane in race["lanes"])
