@@ -81,6 +81,9 @@ def _add_serve(sub) -> None:
                    help="seconds without any answer to ICE consent checks before a peer is dropped "
                         "(RFC 7675; default: %(default)s)")
     p.add_argument("--connect-timeout", type=float, default=30.0, help="seconds a new peer may take to connect (default: %(default)s)")
+    p.add_argument("--max-hold-ms", type=_non_negative_ms, default=100.0, metavar="MS",
+                   help="the longest a turn's ready first audio may be held before it plays (default: %(default)s; "
+                        "reported as first_audio.pre_roll_ms)")
     _add_access_options(p)
     _add_dsm_options(p)
     p.add_argument("--livekit-url", metavar="WS_URL", help="add the page's \"via LiveKit room\" lane through this LiveKit "
@@ -88,6 +91,14 @@ def _add_serve(sub) -> None:
     p.set_defaults(func=_serve)
 
 
+def _non_negative_ms(value: str) -> float:
+    try:
+        ms = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of milliseconds: {value!r}") from None
+    if not 0.0 <= ms <= 10_000.0:
+        raise argparse.ArgumentTypeError("must be from 0 to 10000 ms")
+    return ms
 def _port(text: str) -> int:
     """argparse type of a TCP port to listen on."""
     try:
@@ -151,7 +162,7 @@ def _serve(args: argparse.Namespace) -> int:
         enable_loopback_candidates()
     set_peer_timeout(args.peer_timeout)
     worker = Worker(engines=_engines(args.engine, _dsm_options(args)), ice_servers=args.ice_server,
-                    connect_timeout=args.connect_timeout, limits=_limits(args),
+                    connect_timeout=args.connect_timeout, max_hold_ms=args.max_hold_ms, limits=_limits(args),
                     auth=Authenticator(*keys) if all(keys) else None, measure_capacity=args.max_sessions is None)
     app = create_app(worker)
     add_room_lane(app, worker, args.livekit_url)  # POST /api/room, GET /vendor/livekit-client.mjs

@@ -11,6 +11,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 # Server TTFA buckets (seconds): dense where a streaming engine lands (50-500 ms).
 _TTFA_BUCKETS = (0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0)
+# Pre-roll buckets (seconds): the budget is 0.1 s by default.
+_PRE_ROLL_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5)
 
 
 class Metrics:
@@ -20,7 +22,12 @@ class Metrics:
         active_sessions: peer connections currently holding a session.
         turns: turns started, by engine.
         server_ttfa: first text chunk received → first audible frame handed to the track (s).
-        underruns: playout underruns (the queue ran dry mid-turn), by engine.
+        pre_roll: a turn's first audio ready → its first frame out (s), by engine; never more
+            than the start rule's budget (``--max-hold-ms``).
+        underruns: playout underruns (the queue ran dry inside a chunk: a word was cut), by engine.
+        gaps: pauses at a chunk boundary (the next chunk of a word-boundary producer came
+            late), by engine; separate from underruns.
+        gap_seconds: silence those pauses inserted (s), by engine.
         errors: ``error`` events and HTTP errors sent, by contract ``code`` (refusals too:
             ``full``, ``rate_limited``, ``token_required``, ...).
         events_dropped: events not sent, by reason (``too_large`` for the peer, ``send_failed``).
@@ -43,7 +50,18 @@ class Metrics:
             buckets=_TTFA_BUCKETS,
             registry=self.registry,
         )
-        self.underruns = Counter("myna_underruns", "Playout underruns", ["engine"], registry=self.registry)
+        self.pre_roll = Histogram(
+            "myna_pre_roll_seconds",
+            "A turn's first audio ready to its first frame out (the start rule's hold)",
+            ["engine"],
+            buckets=_PRE_ROLL_BUCKETS,
+            registry=self.registry,
+        )
+        self.underruns = Counter("myna_underruns", "Playout underruns (starved inside a chunk)", ["engine"],
+                                 registry=self.registry)
+        self.gaps = Counter("myna_gaps", "Pauses at a chunk boundary (a late next chunk)", ["engine"],
+                            registry=self.registry)
+        self.gap_seconds = Counter("myna_gap_seconds", "Silence inserted by gaps", ["engine"], registry=self.registry)
         self.errors = Counter("myna_errors", "Errors reported to clients", ["code"], registry=self.registry)
         self.events_dropped = Counter("myna_events_dropped", "Events that could not be sent to a client",
                                       ["reason"], registry=self.registry)

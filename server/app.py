@@ -87,6 +87,8 @@ class Worker:
         engines: loaded engines by name; the first is the default.
         ice_servers: STUN/TURN URLs offered to aiortc (none by default: nothing leaves the host).
         connect_timeout: seconds a new peer may take to connect before it is dropped.
+        max_hold_ms: the start rule's budget: the longest a turn's ready first audio may be held
+            (``myna serve --max-hold-ms``; :mod:`myna.audio.playout`).
         limits: session caps and rates (none by default; ``myna serve`` sets its own).
         auth: checks access tokens (None: no token needed; clients are told apart by address).
         measure_capacity: at start-up, set ``limits.max_sessions`` (when None) to the default
@@ -96,6 +98,7 @@ class Worker:
     engines: dict[str, Engine]
     ice_servers: list[str] = field(default_factory=list)
     connect_timeout: float = 30.0
+    max_hold_ms: float = 100.0
     limits: Limits = field(default_factory=Limits.off)
     auth: Authenticator | None = None
     measure_capacity: bool = False
@@ -226,7 +229,7 @@ class Worker:
             self._send_event(peer, peer.channel, event)
 
         session = Session(engine=engine, send=send, metrics=self.metrics, voice=voice,
-                          max_turn_chars=self.limits.max_turn_chars, max_queued_turns=self.limits.max_queued_turns)
+                          max_hold_s=self.max_hold_ms / 1000.0, max_turn_chars=self.limits.max_turn_chars, max_queued_turns=self.limits.max_queued_turns)
         if self.draining:
             session.drain()
         peer = Peer(pc_id, pc, session, owner, release, MessageRate(self.limits.message_rate, self.limits.message_burst))

@@ -38,6 +38,7 @@ import soxr
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from myna.audio.onset import first_audible_sample
+from myna.audio.playout import Gaps
 from myna.engines import Engine
 from myna.rtc.session import MAX_MESSAGE_BYTES, BadMessage, Session, encode_event, parse_message, quote_input
 from myna.server.auth import AuthError, Grant
@@ -142,6 +143,8 @@ class _StreamTurn:
         self.resampler: soxr.ResampleStream | None = None
         self.in_rate: int | None = None
         self.sent = 0  # samples sent
+        self.gaps = Gaps()
+        self.underruns = 0
         self.ended = False
         self.first_audio_sent = False
         self.held_start: dict | None = None  # turn_started, held while an earlier turn is open
@@ -159,16 +162,28 @@ class StreamOutput:
     The session's own events (``turn_started``, ``error``, interrupted ``turn_done``) pass
     through :meth:`announce`, which holds a queued turn's ``turn_started`` until it is the head.
 
+    Timing is reported for a consumer that plays each turn from its first message on, in real
+    time: ``first_audio.pre_roll_ms`` is 0 (nothing is held here); when a turn's next audio is
+    sent after the audio before it would have played out, ``turn_done`` counts the wait as a
+    gap (``gap_ms``, ``gaps``, at the audio position it happened) for an engine whose chunks
+    end at word boundaries, and as an underrun for a frame-level one. The same estimate of
+    when the sent audio runs out is the session's synthesis deadline
+    (:meth:`audio_runs_out_at`).
+
     Args:
         outbox: the connection's outgoing queue.
         sample_rate: output rate of the PCM messages (Hz).
         clock: monotonic clock in seconds (the session's).
+        chunks_end_at_words: the engine's chunks end at word boundaries (late audio is a gap).
     """
 
-    def __init__(self, outbox: Outbox, sample_rate: int, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, outbox: Outbox, sample_rate: int, clock: Callable[[], float] = time.monotonic,
+                 chunks_end_at_words: bool = False):
         self._outbox = outbox
         self.sample_rate = sample_rate
         self._clock = clock
+        self._chunks_end_at_words = chunks_end_at_words
+        self._runs_out_at = 0.0  # when the audio sent so far has played out, for a real-time consumer (clock s)
         self._on_event: EventSink = outbox.put_event
         self._turns: deque[_StreamTurn] = deque()
         self._by_id: dict[str, _StreamTurn] = {}
@@ -221,16 +236,21 @@ class StreamOutput:
         turn.ended = True
         self._drain()
 
-    def interrupt(self) -> list[tuple[str, float, int]]:
-        # Unpaced: audio is sent as soon as it exists, so there are no underruns to report.
-        dropped = [(t.turn_id, round(1000.0 * t.sent / self.sample_rate, 1), 0) for t in self._turns]
+    def interrupt(self) -> list[dict]:
+        dropped = [{**self._done_event(t), "interrupted": True} for t in self._turns]
         for turn in self._turns:
             if turn.held_start is not None:
                 self._unannounced[turn.turn_id] = turn.held_start
         self._turns.clear()
         self._by_id.clear()
         self._outbox.drop_audio()
+        self._runs_out_at = self._clock()  # what was dropped will not be played
         return dropped
+
+    def audio_runs_out_at(self) -> float:
+        """When a real-time consumer will have played the audio sent and queued (clock s)."""
+        queued = sum(len(c) for t in self._turns for c in t.chunks)
+        return max(self._clock(), self._runs_out_at) + queued / self.sample_rate
 
     # -- internals ------------------------------------------------------------------------
     def _append(self, turn: _StreamTurn, pcm: np.ndarray, sample_rate: int, last: bool = False) -> None:
@@ -264,6 +284,8 @@ class StreamOutput:
                         "pre_roll_ms": 0.0,
                     })
                 self._outbox.put_audio(pcm.tobytes())
+                self._count_lateness(turn)
+                self._runs_out_at = max(self._clock(), self._runs_out_at) + len(pcm) / self.sample_rate
                 turn.sent += len(pcm)
                 self._emit_words(turn, upto=turn.sent)
             if not turn.ended:
@@ -271,12 +293,21 @@ class StreamOutput:
             self._turns.popleft()
             self._by_id.pop(turn.turn_id, None)
             self._emit_words(turn, upto=float("inf"))
-            self._on_event({
-                "type": "turn_done",
-                "turn_id": turn.turn_id,
-                "audio_ms": round(1000.0 * turn.sent / self.sample_rate, 1),
-                "underruns": 0,
-            })
+            self._on_event(self._done_event(turn))
+
+    def _count_lateness(self, turn: _StreamTurn) -> None:
+        """Audio of a playing turn sent after the audio before it ran out: a gap or an underrun."""
+        late_s = self._clock() - self._runs_out_at
+        if turn.sent == 0 or late_s <= 0:
+            return
+        if self._chunks_end_at_words:
+            turn.gaps.add(1000.0 * turn.sent / self.sample_rate, 1000.0 * late_s)
+        else:
+            turn.underruns += 1
+
+    def _done_event(self, turn: _StreamTurn) -> dict:
+        return {"type": "turn_done", "turn_id": turn.turn_id, "audio_ms": round(1000.0 * turn.sent / self.sample_rate, 1),
+                "underruns": turn.underruns, **turn.gaps.fields()}
 
     def _emit_words(self, turn: _StreamTurn, upto: float) -> None:
         while turn.words and turn.words[0][0] < upto:
@@ -360,7 +391,7 @@ class StreamConnection:
             except AuthError as exc:
                 self._error(exc.code, f"{exc.message}; choose another with config")
                 return
-            output = StreamOutput(self.outbox, self.sample_rate)
+            output = StreamOutput(self.outbox, self.sample_rate, chunks_end_at_words=self.engine.chunks_end_at_words)
             self.session = Session(
                 engine=self.engine, send=output.announce, metrics=self._metrics, voice=self.voice, output=output.bind,
                 max_turn_chars=self._limits.max_turn_chars, max_queued_turns=self._limits.max_queued_turns,

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import ifaddr
 import pytest
+
+from myna.bench.processes import Server, free_port
 
 REPO = Path(__file__).resolve().parent.parent
 ARTIFACTS = REPO / "test-artifacts"
@@ -36,51 +34,20 @@ def without_modules(*modules: str) -> dict[str, str]:
     return {"PYTHONPATH": path, "MYNA_TEST_UNINSTALLED": ",".join(modules)}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class RunningWorker:
-    """A ``myna serve`` subprocess on 127.0.0.1 (stopped by :meth:`stop`); ``env`` adds to its
-    environment."""
+class RunningWorker(Server):
+    """A ``myna serve`` subprocess on 127.0.0.1, its log in ``test-artifacts/`` (stopped by
+    :meth:`stop`); ``env`` adds to its environment."""
 
     def __init__(self, *args: str, timeout: float = 60.0, env: dict[str, str] | None = None):
         if not _loopback_only():
             pytest.fail("network tests must run in a loopback-only namespace: use `bash scripts/test.sh`")
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         ARTIFACTS.mkdir(exist_ok=True)
-        self.log_path = ARTIFACTS / f"worker-{self.port}.log"
-        self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "myna.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port), *args],
-            stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-        )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"myna serve exited with {self.proc.returncode}: {self.log_path.read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/healthz", timeout=1) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.2)
-        self.stop()
-        pytest.fail("myna serve did not become ready")
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-        return self.proc.returncode
+        log_path = ARTIFACTS / f"worker-{time.monotonic_ns()}.log"
+        try:
+            super().__init__(["myna.cli", "serve", "--host", "127.0.0.1", *args], "myna serve", timeout, str(log_path),
+                             env=env)
+        except SystemExit as exc:
+            pytest.fail(str(exc))
 
 
 # Test modules cannot import this file (several conftest.py share the name): these fixtures hand

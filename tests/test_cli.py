@@ -6,6 +6,7 @@ Tests that start a worker or a stand-in HTTP server use loopback only (``scripts
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import subprocess
@@ -20,7 +21,7 @@ import pytest
 from aiohttp import web
 
 from myna.audio.onset import first_audible_sample
-from myna.cli import main
+from myna.cli import _non_negative_ms, main
 from myna.rtc.client import wait_until_ready
 
 
@@ -308,3 +309,17 @@ def test_say_server_trims_the_ttfa_silence_unless_asked_not_to(light_worker, tmp
     assert onset_trimmed is not None and onset_trimmed <= 480 + 48  # within the 10 ms margin (1 ms detector slack)
     assert onset_raw is not None and onset_raw > 2 * 480  # the wait for the first audio is in the measured file
     assert "silence before the first sound left out" not in proc.stdout
+
+
+# -- serve: the start rule's budget --------------------------------------------------------
+def test_max_hold_ms_takes_milliseconds_from_0_to_10_s():
+    assert _non_negative_ms("100") == 100.0 and _non_negative_ms("0") == 0.0
+    for bad in ("-1", "ten", "10001"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            _non_negative_ms(bad)
+
+
+def test_a_bad_budget_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(["serve", "--max-hold-ms", "-5"])
+    assert exit.value.code == 2 and "--max-hold-ms" in capsys.readouterr().err

@@ -10,21 +10,34 @@ has produced.
 
 Rules:
 
-- **Pre-roll.** Each turn records when its chunks arrive against the audio they carry
-  (:class:`myna.audio.preroll.ProducerStats`); at each frame deadline a pre-roll rule decides
-  whether it may start: by default :class:`myna.audio.preroll.JitterAwarePreRoll`, which starts
-  as early as the producer's measured rate and jitter allow without a predicted underrun (the
-  rule is documented in :mod:`myna.audio.preroll`). A turn whose input has ended starts at once.
-  **Latency budget:** once the producer has shown it is slower than real time (its measured
-  rate is at least 1, e.g. an overloaded worker), a turn's first audio is held at most
-  :data:`MAX_HOLD_S` after it arrived. The rule would otherwise hold it for seconds before the
-  first syllable to avoid stalls that cannot be avoided anyway; speaking now and re-buffering
-  later (by the rule) is what a listener prefers. A producer that keeps up is never cut short.
-  ``first_audio.pre_roll_ms`` is the wait chosen: first chunk's arrival → start of playout (ms).
-- **Underrun.** When a playing turn that has not ended holds less than a frame plus the fade
-  length, the frame plays what is there with a fade-out over its last 5 ms, then silence. The
-  turn resumes when the pre-roll rule says the buffer is enough again (re-buffering), with a
-  5 ms fade-in. One starvation episode counts one underrun (``turn_done.underruns``).
+- **Start: TTFA first.** What the listener waits for is the first syllable, so a turn's first
+  audio leaves at the first frame deadline after it is ready (a frame plus the fade buffered,
+  or the turn's input ended), and no rule may hold ready first audio longer than the budget
+  ``max_hold_s`` (``myna serve --max-hold-ms``, default :data:`MAX_HOLD_S` = 100 ms): a turn is
+  started at the last deadline that keeps the wait within it. ``first_audio.pre_roll_ms`` is
+  the wait: first chunk's arrival → the deadline of the frame that starts the turn (ms), never
+  more than the budget (a transport that wakes late for that deadline, on a busy host, adds to
+  what the listener waits, not to what playout held).
+  Why not wait for a safe buffer: the old rule held first audio to avoid a predicted underrun,
+  and on a loaded worker a two-clause reply was held until it was nearly all made (0.8–4.8 s
+  before the first syllable, while the first clause had been ready for most of it). A listener
+  prefers hearing the first words now and a pause later to silence now.
+- **Producers whose chunks end at word boundaries** (``chunks_end_at_words``: Piper, a clause
+  or a piece of one per chunk). Such a turn starts at once, and when its next chunk is late
+  the turn pauses at the boundary: a **gap**, silence between two words, not a cut word. It
+  resumes at the first frame deadline after the chunk arrives. Gaps are measured per turn in
+  ``turn_done``: ``gap_ms`` (``count``, ``total``, ``longest``: milliseconds of silence
+  inserted) and ``gaps`` (``[start_ms, duration_ms]``: where in the turn's audio each gap
+  began and how long it lasted; the first :data:`MAX_GAPS_LISTED`).
+- **Frame-level producers** (DSM: chunks of 80 ms that may end inside a word). The start may be
+  held, within the budget, by a pre-roll rule (by default
+  :class:`myna.audio.preroll.JitterAwarePreRoll`, which predicts underruns from the producer's
+  measured rate and jitter; :mod:`myna.audio.preroll`). That rule earns its place mid-turn:
+  when a playing turn that has not ended holds less than a frame plus the fade length, the
+  frame plays what is there with a fade-out over its last 5 ms, then silence (an
+  **underrun**: a word is cut), and the turn resumes when the rule says the buffer is enough
+  again (re-buffering), with a 5 ms fade-in, so a producer slower than real time stalls rarely
+  instead of on every chunk. One starvation episode counts one underrun (``turn_done.underruns``).
 - **Events.** ``word`` events of a turn follow its ``first_audio``: words that start in the
   quiet lead-in are sent with the first audible frame.
 - **Barge-in.** :meth:`Playout.interrupt` keeps only the next 5 ms of the playing turn, faded to
@@ -48,8 +61,13 @@ from myna.audio.preroll import JitterAwarePreRoll, PreRollRule, ProducerStats
 SAMPLE_RATE = 48_000
 FRAME_SAMPLES = 960  # 20 ms at 48 kHz
 FADE_SAMPLES = 240  # 5 ms at 48 kHz
-#: Longest a turn's first audio waits for the pre-roll rule (s); see "Latency budget" above.
-MAX_HOLD_S = 0.4
+#: Default budget: the longest any rule may hold a turn's ready first audio (s); see "Start".
+MAX_HOLD_S = 0.1
+#: Wake-up lateness of a frame deadline the budget allows for (s): a turn is not held into a
+#: deadline closer than this to the end of the budget.
+HOLD_SLACK_S = 0.01
+#: ``turn_done.gaps`` lists at most this many gaps (``gap_ms`` counts them all).
+MAX_GAPS_LISTED = 32
 
 Event = dict
 EventSink = Callable[[Event], None]
@@ -58,6 +76,25 @@ EventSink = Callable[[Event], None]
 #: (a transport may test ``frame is IDLE_FRAME`` to take a cheap path).
 IDLE_FRAME = np.zeros(FRAME_SAMPLES, dtype=np.int16)
 IDLE_FRAME.flags.writeable = False
+
+
+class Gaps:
+    """A turn's gaps: where in the turn's audio each began and how long it lasted (ms)."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[float, float]] = []
+
+    def add(self, start_ms: float, length_ms: float) -> None:
+        self.spans.append((start_ms, length_ms))
+
+    def fields(self) -> dict:
+        """``gap_ms`` (``count``, ``total``, ``longest``) and ``gaps`` (``[start_ms,
+        duration_ms]``, the first :data:`MAX_GAPS_LISTED`), as ``turn_done`` carries them."""
+        lengths = [n for _, n in self.spans]
+        return {
+            "gap_ms": {"count": len(lengths), "total": round(sum(lengths), 1), "longest": round(max(lengths, default=0.0), 1)},
+            "gaps": [[round(at, 1), round(n, 1)] for at, n in self.spans[:MAX_GAPS_LISTED]],
+        }
 
 
 class _Turn:
@@ -76,10 +113,25 @@ class _Turn:
         self.playing = False
         self.first_audio_sent = False
         self.starving = False
+        self.starved_at: float | None = None  # when the current gap or underrun began (clock s)
         self.resume_fade = False
         self.underruns = 0
         self.stats = ProducerStats(text_at)
         self.pre_roll_ms = 0.0  # first chunk's arrival → start of playout (ms)
+        self.gaps = Gaps()
+        self.gap_open: list[int] | None = None  # [start, silence so far] in samples, of the gap playing now
+
+    def close_gap(self, keep: bool) -> None:
+        """End the gap in progress; ``keep`` it when audio follows it (silence at the very end
+        of a turn is the turn's end, not a pause)."""
+        if self.gap_open is not None and keep:
+            self.gaps.add(self.gap_open[0] / 48.0, self.gap_open[1] / 48.0)
+        self.gap_open = None
+
+    def done_event(self) -> dict:
+        """The ``turn_done`` event as of now (see the module docstring)."""
+        return {"type": "turn_done", "turn_id": self.turn_id, "audio_ms": round(self.played / 48.0, 1),
+                "underruns": self.underruns, **self.gaps.fields()}
 
     def append(self, pcm: np.ndarray, sample_rate: int, last: bool = False) -> None:
         if self.resampler is None and sample_rate != SAMPLE_RATE:
@@ -127,8 +179,12 @@ class Playout:
         on_event: called with contract event dicts (``first_audio``, ``word``, ``turn_done``)
             from inside :meth:`next_frame`.
         clock: monotonic clock in seconds (injectable for tests).
-        pre_roll: when a turn starts or resumes; default a fresh
-            :class:`~myna.audio.preroll.JitterAwarePreRoll` (it learns across the session's turns).
+        pre_roll: for frame-level producers, when a turn starts (within the budget) or resumes
+            after an underrun; default a fresh :class:`~myna.audio.preroll.JitterAwarePreRoll`
+            (it learns across the session's turns).
+        chunks_end_at_words: the producer's chunks end at word boundaries (see "Producers
+            whose chunks end at word boundaries"): start at once, pause at a late chunk.
+        max_hold_s: the budget: the longest ready first audio may be held (s).
     """
 
     def __init__(
@@ -136,13 +192,19 @@ class Playout:
         on_event: EventSink,
         clock: Callable[[], float] = time.monotonic,
         pre_roll: PreRollRule | None = None,
+        *,
+        chunks_end_at_words: bool = False,
+        max_hold_s: float = MAX_HOLD_S,
     ):
         self._on_event = on_event
         self._clock = clock
         self.pre_roll: PreRollRule = pre_roll if pre_roll is not None else JitterAwarePreRoll()
+        self.chunks_end_at_words = chunks_end_at_words
+        self.max_hold_s = max_hold_s
         self._turns: deque[_Turn] = deque()
         self._by_id: dict[str, _Turn] = {}
         self._tail: np.ndarray | None = None  # faded remainder after a barge-in
+        self._due = 0.0  # when the frame being made is due (clock s)
 
     # -- producer side -------------------------------------------------------------------
     def begin_turn(self, turn_id: str, text_at: float) -> None:
@@ -179,9 +241,9 @@ class Playout:
             turn.append(np.zeros(0, dtype=np.float32), turn.in_rate, last=True)
         turn.ended = True
 
-    def interrupt(self) -> list[tuple[str, float, int]]:
-        """Drop every queued turn (barge-in); returns ``(turn_id, audio_ms handed out,
-        underruns)`` for each, playing turn first.
+    def interrupt(self) -> list[dict]:
+        """Drop every queued turn (barge-in); returns each one's ``turn_done`` event (audio
+        handed out, underruns, gaps) with ``"interrupted": True``, playing turn first.
 
         The playing turn's next 5 ms are kept, faded to zero, so the cut makes no click;
         nothing else of any dropped turn is handed out.
@@ -191,7 +253,10 @@ class Playout:
             tail = head.peek(FADE_SAMPLES)
             tail *= np.linspace(1.0, 0.0, len(tail), endpoint=False, dtype=np.float32)
             self._tail = tail
-        dropped = [(t.turn_id, round(t.played / 48.0, 1), t.underruns) for t in self._turns]
+        dropped = []
+        for turn in self._turns:
+            turn.close_gap(keep=False)
+            dropped.append({**turn.done_event(), "interrupted": True})
         self._turns.clear()
         self._by_id.clear()
         return dropped
@@ -201,12 +266,27 @@ class Playout:
         """True when no turn is queued."""
         return not self._turns
 
+    def audio_runs_out_at(self) -> float:
+        """When the audio queued now (every turn's) will have played out (``clock`` s): a
+        synthesis job for this session is due then. When the playing turn is in a gap or an
+        underrun with nothing queued, the instant its audio ran out; now when idle."""
+        head = self._turns[0] if self._turns else None
+        if head is not None and head.starving and head.starved_at is not None and not head.buffered:
+            return head.starved_at
+        return self._clock() + sum(t.buffered for t in self._turns) / SAMPLE_RATE
+
     # -- transport side ------------------------------------------------------------------
-    def next_frame(self) -> np.ndarray:
+    def next_frame(self, due: float | None = None) -> np.ndarray:
         """The next 20 ms: int16 mono, shape ``[960]``; silence when nothing is ready.
+
+        Args:
+            due: when the transport is due to send this frame (``clock`` s; default: now). The
+                start rule and ``pre_roll_ms`` are timed against it, so a transport that wakes
+                late (a busy host) is not counted as audio held.
 
         Idle frames are one shared read-only array; copy before writing to a frame.
         """
+        self._due = self._clock() if due is None else due
         if self._tail is None and not self._turns:
             return IDLE_FRAME
         out = np.zeros(FRAME_SAMPLES, dtype=np.float32)
@@ -221,11 +301,12 @@ class Playout:
             ready = turn.buffered >= need + FADE_SAMPLES or turn.ended
             if not turn.playing or turn.starving:
                 if not (turn.ended or (ready and self._may_start(turn))):
-                    break  # pre-roll, or re-buffering after an underrun
+                    break  # pre-roll, a gap, or re-buffering after an underrun
                 if not turn.playing:
                     turn.playing = True
                     if turn.stats.n:
-                        turn.pre_roll_ms = round(1000.0 * (self._clock() - turn.stats.times[0]), 1)
+                        turn.pre_roll_ms = round(max(0.0, 1000.0 * (self._due - turn.stats.times[0])), 1)
+                turn.close_gap(keep=turn.buffered > 0)
             seg = turn.take(need)
             if turn.resume_fade and len(seg):
                 k = min(FADE_SAMPLES, len(seg))
@@ -236,7 +317,11 @@ class Playout:
                 if k:
                     seg[-k:] *= np.linspace(1.0, 0.0, k, dtype=np.float32)
                 if not turn.starving:
-                    turn.underruns += 1
+                    turn.starved_at = self._clock() + len(seg) / SAMPLE_RATE
+                    if self.chunks_end_at_words:
+                        turn.gap_open = [turn.played + len(seg), 0]
+                    else:
+                        turn.underruns += 1
                     turn.starving = True
                 turn.resume_fade = True
             else:
@@ -248,16 +333,20 @@ class Playout:
                 break
             if turn.ended and not turn.buffered:
                 self._finish(turn)
+        if self._turns and self._turns[0].gap_open is not None:
+            self._turns[0].gap_open[1] += FRAME_SAMPLES - filled  # silence played in the gap
         np.multiply(out, 32767.0, out=out)
         np.minimum(out, 32767.0, out=out)  # (np.clip costs more than the rest of the frame)
         np.maximum(out, -32767.0, out=out)
         return out.astype(np.int16)
 
     def _may_start(self, turn: _Turn) -> bool:
-        now = self._clock()
-        rate = turn.stats.rate()
-        if not turn.playing and rate is not None and rate >= 1.0 and now - turn.stats.times[0] >= MAX_HOLD_S:
-            return True
+        """With a frame and the fade buffered: may the turn start (or resume) at this deadline?"""
+        if self.chunks_end_at_words:
+            return True  # a start or the end of a gap: never held
+        now = self._due
+        if not turn.playing and now + FRAME_SAMPLES / SAMPLE_RATE + HOLD_SLACK_S - turn.stats.times[0] > self.max_hold_s:
+            return True  # the next deadline (if it wakes a little late) would be past the budget
         return self.pre_roll.ready(turn.stats, turn.buffered / SAMPLE_RATE, now)
 
     def _emit_turn_events(self, turn: _Turn, seg: np.ndarray, at: int) -> None:
@@ -289,11 +378,5 @@ class Playout:
         self._by_id.pop(turn.turn_id, None)
         self.pre_roll.turn_finished(turn.stats)
         self._emit_words(turn, upto=float("inf"))  # words placed past the end of the audio
-        self._on_event(
-            {
-                "type": "turn_done",
-                "turn_id": turn.turn_id,
-                "audio_ms": round(turn.played / 48.0, 1),
-                "underruns": turn.underruns,
-            }
-        )
+        turn.close_gap(keep=False)
+        self._on_event(turn.done_event())

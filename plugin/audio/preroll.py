@@ -1,4 +1,11 @@
-"""Pre-roll: when a turn may start (or resume after an underrun) without a predicted underrun.
+"""Pre-roll: when a turn may resume after an underrun (or start) without a predicted underrun.
+
+Where this rule applies: frame-level producers (DSM), whose chunks may end inside a word, so
+that starving cuts a word. Playout (:mod:`myna.audio.playout`) uses it there to re-buffer
+mid-turn, and lets it hold a turn's first audio only within the start rule's budget
+(``--max-hold-ms``, 100 ms): before the first syllable, waiting costs more than a later stall.
+Producers whose chunks end at word boundaries (Piper) never consult it: they start at once and
+pause between words when a chunk is late.
 
 A producer (an engine) hands playout chunks of audio at uneven times. Once playout starts, audio
 position ``x`` (seconds into the turn) is due at ``start + x``; a chunk that arrives after the
@@ -32,13 +39,14 @@ The jitter-aware rule (:class:`JitterAwarePreRoll`), evaluated at each frame dea
 The same rule decides when to resume after an underrun (re-buffering), so a producer slower than
 real time stalls about once per 2–3 s of audio instead of on every chunk.
 
-What it does (``myna bench playout``, ``tests/audio/test_preroll.py``): a fast producer (80 ms
-every 10 ms) starts on its first or second chunk (≤ 20 ms added); a producer at 0.9 × real time
-with ±50 % jitter waits ~100 ms and plays clean; a bursty one (a clause per chunk, 0.8 × real
-time) plays clean but waits whenever a short clause is followed, at the measured rate, by a
-longer one (the price of zero underruns: the next clause's length is unknown); a producer at
-1.2 × real time waits ~0.5 s and stalls ~2 times per 8 s turn where a 200 ms pre-roll stalls ~8
-times and the v1 rule on nearly every chunk.
+What it does within the 100 ms start budget (``myna bench playout``,
+``tests/audio/test_preroll.py``): a fast producer (80 ms every 10 ms) starts on its first or
+second chunk (≤ 20 ms added); one at 0.9 × real time with ±50 % jitter starts within the budget
+and underruns a tenth as often as starting on any frame; one at 1.2 × real time stalls about
+once per 3 s of audio where a 200 ms pre-roll stalls three times as often and the v1 rule on
+nearly every chunk; one that is real time on average with gaps of 40 and 120 ms in turn plays
+clean, its later turns no longer held for what the first one taught the rule. (Without the
+budget, the rule held a bursty clause-per-chunk producer for seconds before its first word.)
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """Virtual-clock simulation of an engine feeding playout, for the tests and ``myna bench playout``.
 
 A :class:`Producer` lists when each chunk of a turn arrives (seconds after the turn's text) and
-how many 48 kHz samples it carries. :func:`simulate_paced` drives the real
+how many 48 kHz samples it carries; one whose chunks end at word boundaries (a clause per chunk,
+like Piper) says so with a ``chunks_end_at_words = True`` attribute, and playout then treats a
+late chunk as a gap (:mod:`myna.audio.playout`). :func:`simulate_paced` drives the real
 :class:`~myna.rtc.track.PacedAudioTrack` and :class:`~myna.audio.playout.Playout` on a virtual
 clock whose sleeps wake late by a sampled overshoot (the event loop's timer error), delivering
 chunks at their arrival times; :func:`simulate_sleep_writer` models the common framework writer
@@ -27,7 +29,7 @@ from dataclasses import dataclass, field
 import av
 import numpy as np
 
-from myna.audio.playout import FRAME_SAMPLES, SAMPLE_RATE, Playout
+from myna.audio.playout import FRAME_SAMPLES, MAX_HOLD_S, SAMPLE_RATE, Playout
 from myna.audio.preroll import PreRollRule
 
 FRAME_S = FRAME_SAMPLES / SAMPLE_RATE
@@ -63,6 +65,9 @@ def bursty_sentences(rng: random.Random, seconds: float, rtf: float = 0.8, start
     return chunks
 
 
+bursty_sentences.chunks_end_at_words = True
+
+
 def jittery(rng: random.Random, seconds: float, rtf: float = 0.9, jitter: float = 0.5, startup: float = 0.05) -> list[Chunk]:
     """80 ms chunks at real-time factor ``rtf``, each gap × U(1 − jitter, 1 + jitter)."""
     n = max(1, round(seconds / 0.08))
@@ -78,11 +83,24 @@ def slow(rng: random.Random, seconds: float) -> list[Chunk]:
     return jittery(rng, seconds, rtf=1.2, jitter=0.1)
 
 
+def alternating(rng: random.Random, seconds: float, startup: float = 0.05) -> list[Chunk]:
+    """Exactly real time on average, unevenly: 80 ms chunks after gaps of 40 and 120 ms in turn
+    (a rule that learns "slower than real time" from the long gaps holds later turns)."""
+    n = max(1, round(seconds / 0.08))
+    t, chunks = startup, []
+    for i in range(n):
+        if i:
+            t += 0.04 if i % 2 else 0.12
+        chunks.append(Chunk(t, 3840))
+    return chunks
+
+
 PRODUCERS: dict[str, Producer] = {
     "fast_steady": fast_steady,
     "bursty_sentences": bursty_sentences,
     "rtf0.9_jitter50": jittery,
     "rtf1.2": slow,
+    "alternating": alternating,
 }
 
 
@@ -103,6 +121,8 @@ class SimResult:
 
     added_latency_ms: list[float] = field(default_factory=list)  # per turn (see the functions)
     underruns: list[int] = field(default_factory=list)  # per turn
+    gaps: list[int] = field(default_factory=list)  # per turn: pauses at a chunk boundary
+    gap_ms: list[float] = field(default_factory=list)  # per turn: silence those pauses inserted
     deviation_ms: list[float] = field(default_factory=list)  # per frame
     audio_s: float = 0.0  # audio played (s)
     stream_s: float = 0.0  # stream length (virtual s)
@@ -151,6 +171,7 @@ def simulate_paced(
     producer: Producer,
     pre_roll: PreRollRule,
     *,
+    max_hold_s: float = MAX_HOLD_S,
     turns: int = 5,
     turn_s: tuple[float, float] = (6.0, 10.0),
     gap_s: float = 0.5,
@@ -161,7 +182,8 @@ def simulate_paced(
     previous turn's last frame) through the paced track and a :class:`Playout`.
 
     Added latency of a turn = the frame deadline it started on − the first deadline at or after
-    its first chunk arrived (what the pre-roll rule added beyond frame quantisation), in ms.
+    its first chunk arrived (what the pre-roll rule added beyond frame quantisation), in ms;
+    ``max_hold_s`` is the start rule's budget.
     The track hands out frames (``opus=None``), so ``cpu_s`` is playout plus frame making, no
     encoding.
     """
@@ -171,7 +193,8 @@ def simulate_paced(
     plan = _turn_plan(rng, producer, turns, turn_s)
     vloop = _VirtualLoop(random.Random(seed + 1), overshoot or timer_overshoot())
     events: list[dict] = []
-    playout = Playout(events.append, clock=vloop.clock, pre_roll=pre_roll)
+    playout = Playout(events.append, clock=vloop.clock, pre_roll=pre_roll, max_hold_s=max_hold_s,
+                      chunks_end_at_words=getattr(producer, "chunks_end_at_words", False))
     track = PacedAudioTrack(playout, clock=vloop.clock, sleep=vloop.sleep, opus=None)  # frames: no encoding here
     result = SimResult()
     cpu = [0.0]
@@ -220,6 +243,8 @@ def simulate_paced(
                 done = [e for e in new if e["type"] == "turn_done"]
                 if done:
                     result.underruns.append(done[0]["underruns"])
+                    result.gaps.append(done[0]["gap_ms"]["count"])
+                    result.gap_ms.append(done[0]["gap_ms"]["total"])
                     result.audio_s += done[0]["audio_ms"] / 1000.0
                     break
             result.added_latency_ms.append(1000.0 * (started_deadline - first_deadline))

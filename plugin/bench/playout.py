@@ -2,13 +2,16 @@
 
 Three parts, one JSON:
 
-1. **Strategies × producers** on a virtual clock (:mod:`myna.audio.simulate`): four synthetic
-   producers (fast steady 80 ms / 10 ms; bursty by sentence; real-time factor 0.9 ± 50 %
-   jitter; real-time factor 1.2) × four strategies (ours = jitter-aware pre-roll; fixed 0 ms
-   (one frame, the v1 rule); fixed 200 ms; a writer that sleeps each chunk's duration, as
-   common frameworks do). Each cell streams ``--minutes`` of audio as turns of 6–10 s. Timer
-   error is drawn from this machine's measured ``asyncio.sleep`` overshoot. Reported: added
-   latency per turn (beyond frame quantisation), underruns, frame-deadline deviation p50/p99
+1. **Strategies × producers** on a virtual clock (:mod:`myna.audio.simulate`): five synthetic
+   producers (fast steady 80 ms / 10 ms; bursty by sentence, its chunks ending at word
+   boundaries; real-time factor 0.9 ± 50 % jitter; real-time factor 1.2; real time with gaps
+   of 40 and 120 ms in turn) × four strategies (ours = jitter-aware pre-roll; fixed 0 ms (one
+   frame, the v1 rule); fixed 200 ms; a writer that sleeps each chunk's duration, as common
+   frameworks do); the playout strategies start within the 100 ms budget of the start rule.
+   Each cell streams ``--minutes`` of audio as turns of 6–10 s. Timer error is drawn from this
+   machine's measured ``asyncio.sleep`` overshoot. Reported: added latency per turn (beyond
+   frame quantisation), underruns, gaps (pauses at a word boundary: count, silence per minute
+   of audio), frame-deadline deviation p50/p99
    (|send − anchor − pts/48 kHz|), drift (deviation of the last frame; for the writer from one
    continuous ``--minutes`` turn), and the CPU our playout path takes per session.
 2. **Opus**: one speech recording encoded with aiortc's encoder and with mono settings: bit rate,
@@ -113,6 +116,8 @@ def strategy_table(minutes: float, seed: int, overshoot_s: list[float]) -> list[
                 "added_latency_ms_max": round(max(r.added_latency_ms), 1),
                 "underruns": int(sum(r.underruns)),
                 "underruns_per_min": round(60 * sum(r.underruns) / max(r.audio_s, 1e-9), 2),
+                "gaps": int(sum(r.gaps)),
+                "gap_ms_per_min": round(60 * sum(r.gap_ms) / max(r.audio_s, 1e-9), 1),
                 "deviation_ms_p50": round(percentile(dev, 50), 2),
                 "deviation_ms_p99": round(percentile(dev, 99), 2),
                 "drift_ms_after_minutes": round(drift_ms, 2),
@@ -124,12 +129,14 @@ def strategy_table(minutes: float, seed: int, overshoot_s: list[float]) -> list[
 def print_strategy_table(rows: list[dict]) -> None:
     print()
     print("Strategies × producers (virtual clock; latency = added beyond frame quantisation)")
-    head = f"{'producer':18} {'strategy':13} {'lat p50':>8} {'lat max':>8} {'underruns':>9} {'/min':>6} {'dev p50':>8} {'dev p99':>8} {'drift':>9} {'cpu ms/s':>8}"
+    head = (f"{'producer':18} {'strategy':13} {'lat p50':>8} {'lat max':>8} {'underruns':>9} {'/min':>6} {'gaps':>5} "
+            f"{'gap ms/min':>10} {'dev p50':>8} {'dev p99':>8} {'drift':>9} {'cpu ms/s':>8}")
     print(head)
     print("-" * len(head))
     for r in rows:
         print(f"{r['producer']:18} {r['strategy']:13} {r['added_latency_ms_p50']:8.0f} {r['added_latency_ms_max']:8.0f} "
-              f"{r['underruns']:9d} {r['underruns_per_min']:6.1f} {r['deviation_ms_p50']:8.2f} {r['deviation_ms_p99']:8.2f} "
+              f"{r['underruns']:9d} {r['underruns_per_min']:6.1f} {r['gaps']:5d} {r['gap_ms_per_min']:10.0f} "
+              f"{r['deviation_ms_p50']:8.2f} {r['deviation_ms_p99']:8.2f} "
               f"{r['drift_ms_after_minutes']:9.1f} {r['cpu_ms_per_s']:8.2f}")
 
 

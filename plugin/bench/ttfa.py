@@ -1,21 +1,38 @@
 """``myna bench ttfa``: the headless latency race, perceived time to first audio over WebRTC.
 
-For each concurrency level N and each engine (strategy), an aiortc client
-(:class:`myna.rtc.client.MynaClient`) opens N sessions against a worker at once; every session
-streams a sentence as LLM-like token chunks at a fixed rate, ``--turns`` times, and perceived
-TTFA is measured on the received audio (DESIGN.md §4: first text chunk sent → first audible
-sample received). Engines run one after the other within a level, so they are compared side by
-side under the same load. The table has the shape of published TTS serving tables: concurrency →
-first-audio latency (p50, IQR, p95) and real-time factor.
+Every figure is measured the same way for every system: an aiortc client
+(:mod:`myna.bench.systems`) streams a reply's text as LLM-like token chunks (or sends it whole)
+and perceived TTFA is read on the received audio (DESIGN.md §4: first text chunk sent → first
+audible sample received). Systems are Myna's engines on a worker this benchmark starts (or
+``--server``), the same engines on other running workers (``--compare LABEL=URL``, e.g. an
+older build, labelled ``LABEL:engine``), and with ``--peer pipecat`` Pipecat's own Piper
+pipeline with sentence and with token aggregation (:mod:`myna.bench.pipecat_peer`).
 
-RTF is the worker's engine busy time (wall seconds with at least one synthesis running) per
-second of audio it produced during that engine's run at that level, all sessions together:
-compute ÷ audio, lower is better, above 1 the engine cannot keep up. It needs the worker this
-benchmark starts itself (which exposes its engines' counters); with ``--server`` it is left out.
+Three parts, in one run:
 
-Beside it, in the same run, the same text is synthesised whole in-process, the way a
-non-streaming pipeline would: its synthesis time and the TTFA such a pipeline would have (the
-whole reply has to be written first, then synthesised).
+1. **Cells.** For each concurrency level N, turn by turn, each system in a rotating order opens
+   N sessions, warms each up with one unmeasured turn, has them speak the same reply at once
+   (once per ``--token-rate``; 0: sent whole) and closes them. So systems are interleaved and
+   share the host's load alike, and no system's idle sessions load the host while another is
+   measured. With ``--keep-sessions`` each system keeps its N sessions for the level: every
+   measured turn is then a later turn of one long session. Per cell (system × sessions × rate): perceived TTFA p50,
+   IQR, p95; server TTFA p50; pre-roll max (``first_audio.pre_roll_ms``); gaps (each turn's
+   ``turn_done.gap_ms.total``: p95 over turns, and the sum); underruns; RTF; with ``--wer``,
+   Whisper WER of what was heard.
+2. **Races** (``--races R``). The lanes of one worker start the same reply at the same instant,
+   one session each, as the page's race does; the first to be heard wins. Wins per lane.
+3. **Join** (``--join R``). On each worker, a session starts the reply while two others speak a
+   long one (:data:`LONG_REPLY`: its first clause is 21 words without a comma), 2 s into theirs;
+   against the same session alone, interleaved trial by trial.
+
+``--load N`` keeps N busy processes on the CPU for the whole run, so a loaded host is
+reproducible. RTF is the worker's engine busy time (wall seconds with at least one synthesis
+running) per second of audio it produced during a cell (compute ÷ audio; above 1 the engine
+cannot keep up); only workers started by :mod:`myna.bench.worker` report it.
+
+Beside it, the same text is synthesised whole in-process, the way a non-streaming pipeline
+would: its synthesis time and the TTFA such a pipeline would have (the whole reply written
+first, then synthesised).
 """
 
 from __future__ import annotations
@@ -24,32 +41,48 @@ import argparse
 import asyncio
 import json
 import os
-import socket
-import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from myna.bench.systems import System, engine_stats, open_clients
+
 DEFAULT_TEXT = "Sure, I can help with that: your table for four is booked at seven tonight."
 DEFAULT_ENGINES = "piper,piper-sentence,piper-whole"
-STATS_PATH = "/bench/engine-stats"
+#: The long replies of ``--join``: a first clause of 21 words without a comma, then more.
+LONG_REPLY = ("I went through the whole order history this morning and the package you asked about left our "
+              "warehouse on Monday evening, and it should reach you by Thursday, so somebody should be at home "
+              "to sign for it when the courier rings the bell.")
+#: Quiet received audio after a peer's end of turn, before the turn counts as heard (s).
+PEER_QUIET_TAIL_S = 0.6
 
 
 def add_parser(subparsers) -> None:
     """Register ``ttfa`` on the ``myna bench`` sub-command parser."""
-    p = subparsers.add_parser("ttfa", help="headless latency race: perceived TTFA and RTF per engine and concurrency",
+    p = subparsers.add_parser("ttfa", help="headless latency race: perceived TTFA, gaps and RTF per system and concurrency",
                               description=__doc__.split("\n\n")[0].replace("``", ""))
     p.add_argument("--server", metavar="URL", help="a running worker (default: start one on 127.0.0.1); "
                    "RTF then shows as —: only a worker started here reports its engines' busy time")
     p.add_argument("--engines", "--engine", dest="engines", default=DEFAULT_ENGINES,
                    help="comma-separated engines (strategies) to race (default: %(default)s)")
     p.add_argument("--concurrency", default="1,4", help="comma-separated session counts (default: %(default)s)")
-    p.add_argument("--turns", type=int, default=2, help="turns per session (default: %(default)s)")
-    p.add_argument("--token-rate", type=float, default=30.0, help="tokens per second, 0 for all at once (default: %(default)s)")
-    p.add_argument("--text", default=DEFAULT_TEXT, help="the sentence to speak")
+    p.add_argument("--turns", type=int, default=2, help="measured turns per session and cell (default: %(default)s)")
+    p.add_argument("--token-rate", default="30",
+                   help="tokens per second, 0 for all at once; comma-separated for one cell each (default: %(default)s)")
+    p.add_argument("--text", action="append", help="a reply to speak (repeatable: turns cycle through them)")
+    p.add_argument("--load", type=int, default=0, metavar="N", help="N busy CPU processes for the run (default: 0)")
+    p.add_argument("--races", type=int, default=0, metavar="R", help="R headless races between each worker's lanes")
+    p.add_argument("--join", type=int, default=0, metavar="R",
+                   help="R trials of a session starting while two others speak long replies")
+    p.add_argument("--peer", choices=["pipecat"], action="append", default=[],
+                   help="also measure a peer's own stack in the same run (pipecat: SmallWebRTC + PiperTTSService)")
+    p.add_argument("--compare", action="append", default=[], metavar="LABEL=URL",
+                   help="also measure the same engines on another running worker (repeatable)")
+    p.add_argument("--wer", action="store_true", help="Whisper tiny.en WER per cell (needs the dev extra)")
+    p.add_argument("--keep-sessions", action="store_true",
+                   help="keep each system's sessions for the whole level (default: new sessions for every turn)")
     p.add_argument("--baseline-repeats", type=int, default=5,
                    help="whole-reply syntheses for the non-streaming baseline, 0 to skip (default: %(default)s)")
     p.add_argument("--json", metavar="OUT", help="write the figures as JSON")
@@ -62,18 +95,73 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+@dataclass
+class Plan:
+    """What one run measures (from the command line)."""
+
+    engines: list[str]
+    levels: list[int]
+    turns: int
+    rates: list[float]
+    texts: list[str]
+    load: int = 0
+    races: int = 0
+    join: int = 0
+    wer: bool = False
+    baseline_repeats: int = 0
+    keep_sessions: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "Plan":
+        try:
+            levels = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
+            rates = [float(r) for r in str(args.token_rate).split(",") if r.strip()]
+        except ValueError as exc:
+            raise SystemExit(f"bench ttfa: {exc}") from None
+        engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+        if not engines or not levels or not rates or min(levels) < 1 or args.turns < 1 or min(rates) < 0 or args.load < 0:
+            raise SystemExit("bench ttfa: need engines, concurrency levels ≥ 1, --turns ≥ 1, rates ≥ 0 and --load ≥ 0")
+        return cls(engines, levels, args.turns, rates, args.text or [DEFAULT_TEXT], args.load, args.races, args.join,
+                   args.wer, args.baseline_repeats, args.keep_sessions)
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.transport == "livekit":
+    plan = Plan.from_args(args)
+    if args.transport == "livekit":  # one text at one rate, through a room and direct
         from myna.room import bench
 
-        return bench.run(args)
-    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-    levels = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
-    if not engines or not levels or min(levels) < 1 or args.turns < 1:
-        raise SystemExit("bench ttfa: need at least one engine, concurrency levels ≥ 1 and --turns ≥ 1")
+        return bench.run(argparse.Namespace(**{**vars(args), "text": plan.texts[0], "token_rate": plan.rates[0]}))
     if args.plot:
         _require_matplotlib()
-    result = asyncio.run(_run(args, engines, levels))
+    compares = [_label_url(c) for c in args.compare]
+    from myna.bench.processes import BusyLoad, Server
+    from myna.rtc.ice import enable_loopback_candidates
+
+    enable_loopback_candidates()  # our client talks to servers on loopback
+    servers: list[Server] = []
+    try:
+        if args.server:
+            url = args.server.rstrip("/")
+        else:
+            servers.append(Server(["myna.bench.worker", "--engines", ",".join(plan.engines)], "worker"))
+            url = servers[-1].url
+        systems = [System(e, url, e, server="myna") for e in plan.engines]
+        for label, other in compares:
+            systems += [System(f"{label}:{e}", other, e, server=label) for e in plan.engines]
+        for peer in args.peer:
+            servers.append(Server([f"myna.bench.{peer}_peer"], f"{peer} peer"))
+            systems += [System(f"{peer}-{mode}", servers[-1].url, mode, server=peer, peer=True,
+                               quiet_tail_s=PEER_QUIET_TAIL_S) for mode in ("sentence", "token")]
+        with BusyLoad(plan.load):
+            result = asyncio.run(_measure(plan, systems))
+    finally:
+        for server in servers:
+            server.stop()
+    if plan.wer:
+        _add_wer(result)
+    if plan.baseline_repeats > 0 and any(e.startswith("piper") for e in plan.engines):
+        result["whole_reply"] = asyncio.run(_whole_reply_baseline(plan))
+    _drop_audio(result)
     print(format_table(result))
     if args.json:
         with open(args.json, "w") as f:
@@ -84,101 +172,235 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _run(args: argparse.Namespace, engines: list[str], levels: list[int]) -> dict:
-    from myna.rtc.client import token_chunks, wait_until_ready
+def _label_url(value: str) -> tuple[str, str]:
+    label, sep, url = value.partition("=")
+    if not sep:
+        label, url = "compare", value
+    if not url.startswith("http"):
+        raise SystemExit(f"bench ttfa: --compare wants LABEL=URL, got {value!r}")
+    return label, url.rstrip("/")
 
-    worker = None if args.server else _start_worker(engines)
-    url = (args.server or worker.url).rstrip("/")
-    rate = args.token_rate or None
-    t_start = time.monotonic()
-    rows = []
-    try:
-        await wait_until_ready(url, timeout=120.0)
-        for n in levels:
-            for engine in engines:
-                rows.append(await _race(url, engine, n, args.turns, args.text, rate))
-                row = rows[-1]
-                print(f"  {engine:<16} ×{n:<3} perceived p50 {_fmt(row['perceived_ttfa_ms'].get('p50'))} ms, "
-                      f"RTF {_fmt(row['rtf'], 3)}", file=sys.stderr, flush=True)
-    finally:
-        if worker:
-            worker.stop()
-    text_ms = 1000.0 * (len(token_chunks(args.text)) - 1) / rate if rate else 0.0
+
+async def _measure(plan: Plan, systems: list[System]) -> dict:
+    from myna.rtc.client import wait_until_ready
+
+    for url in {s.url for s in systems}:
+        await wait_until_ready(url, timeout=180.0)
+    t0 = time.monotonic()
     result = {
         "benchmark": "ttfa",
-        "engines": engines,
-        "concurrency": levels,
-        "turns_per_session": args.turns,
-        "text": args.text,
-        "words": len(args.text.split()),
-        "token_rate": args.token_rate,
-        "text_stream_ms": round(text_ms, 1),
+        "engines": plan.engines,
+        "systems": [s.label for s in systems],
+        "concurrency": plan.levels,
+        "turns_per_session": plan.turns,
+        "token_rates": plan.rates,
+        "texts": plan.texts,
+        "words": len(plan.texts[0].split()),
+        "load": plan.load,
         "cpus": os.cpu_count(),
-        "race_wall_s": round(time.monotonic() - t_start, 1),
-        "rows": rows,
-        "whole_reply": None,
+        "rows": await run_cells(plan, systems),
     }
-    piper_family = [e for e in engines if e.startswith("piper")]
-    if args.baseline_repeats > 0 and piper_family:
-        whole = await _whole_reply(args.text, args.baseline_repeats)
-        result["whole_reply"] = {
-            "synthesis_ms": _stats(whole),
-            "ttfa_ms_p50": round(text_ms + float(np.median(whole)), 1),
-        }
+    racers = [s for s in systems if not s.peer]
+    if plan.races:
+        result["races"] = await run_races(racers, plan.races, plan.texts[0], plan.rates[0])
+    if plan.join:
+        result["join"] = await run_join(racers, plan.join, plan.texts[0], plan.rates[0])
+    result["wall_s"] = round(time.monotonic() - t0, 1)
     return result
 
 
-async def _race(url: str, engine: str, sessions: int, turns: int, text: str, rate: float | None) -> dict:
-    """``sessions`` concurrent sessions on ``engine``, ``turns`` turns each."""
-    from myna.rtc.client import MynaClient
+# -- what one turn left ---------------------------------------------------------------------
+@dataclass
+class Heard:
+    """One turn as measured: the client's view and the worker's ``first_audio``/``turn_done``."""
 
-    before = await _engine_stats(url, engine)
-    t0 = time.monotonic()
+    text: str
+    perceived_ms: float | None
+    server_ms: float | None
+    pre_roll_ms: float | None
+    gap_ms: float | None  # the turn's total (None from a system that does not report gaps)
+    underruns: int | None
+    audio_ms: float | None
+    errors: int
+    pcm: np.ndarray | None = field(default=None, repr=False)
 
-    async def one() -> list:
-        out = []
-        async with MynaClient(url, engine=engine) as client:
-            for _ in range(turns):
-                out.append(await client.speak(text, tokens_per_s=rate))
-        return out
+    @classmethod
+    def of(cls, result, text: str) -> "Heard":
+        first = next((e for e in result.events if e["type"] == "first_audio"), {})
+        done = next((e for e in result.events if e["type"] == "turn_done"), {})
+        gaps = done.get("gap_ms")
+        return cls(text, result.perceived_ttfa_ms, result.server_ttfa_ms, first.get("pre_roll_ms"),
+                   gaps["total"] if isinstance(gaps, dict) else None, done.get("underruns"), done.get("audio_ms"),
+                   sum(e["type"] == "error" for e in result.events), result.pcm)
 
-    results = [r for rs in await asyncio.gather(*(one() for _ in range(sessions))) for r in rs]
-    wall = time.monotonic() - t0
-    after = await _engine_stats(url, engine)
-    perceived = [r.perceived_ttfa_ms for r in results if r.perceived_ttfa_ms is not None]
-    server = [r.server_ttfa_ms for r in results if r.server_ttfa_ms is not None]
-    done = [next((e for e in r.events if e["type"] == "turn_done"), {}) for r in results]
-    errors = [e for r in results for e in r.events if e["type"] == "error"]
-    rtf = None
-    if before and after and after["audio_s"] > before["audio_s"]:
-        rtf = round((after["busy_s"] - before["busy_s"]) / (after["audio_s"] - before["audio_s"]), 4)
+
+def summarise(turns: list[Heard]) -> dict:
+    """A cell's figures (see the module docstring)."""
+    perceived = _known(t.perceived_ms for t in turns)
+    gaps = _known(t.gap_ms for t in turns)
+    pre_roll = _known(t.pre_roll_ms for t in turns)
+    underruns = _known(t.underruns for t in turns)
+    audio = _known(t.audio_ms for t in turns)
     return {
-        "engine": engine,
-        "sessions": sessions,
-        "turns": len(results),
+        "turns": len(turns),
         "perceived_ttfa_ms": _stats(perceived),
-        "server_ttfa_ms": _stats(server),
-        "rtf": rtf,
-        "silent_turns": len(results) - len(perceived),
-        "errors": len(errors),
-        "underruns": int(sum(d.get("underruns", 0) or 0 for d in done)),
-        "audio_ms_p50": round(float(np.median([d.get("audio_ms", 0.0) or 0.0 for d in done])), 1) if done else None,
-        "wall_s": round(wall, 2),
+        "server_ttfa_ms": _stats(_known(t.server_ms for t in turns)),
+        "pre_roll_ms_max": round(max(pre_roll), 1) if pre_roll else None,
+        "gap_ms_p95": round(float(np.percentile(gaps, 95)), 1) if gaps else None,
+        "gap_ms_total": round(sum(gaps), 1) if gaps else None,
+        "underruns": int(sum(underruns)) if underruns else None,
+        "silent_turns": len(turns) - len(perceived),
+        "errors": sum(t.errors for t in turns),
+        "audio_ms_p50": round(float(np.median(audio)), 1) if audio else None,
     }
 
 
-async def _engine_stats(url: str, engine: str) -> dict | None:
-    """The worker's synthesis counters for ``engine`` (only the worker started here has them)."""
-    import aiohttp
+def _known(values) -> list:
+    return [v for v in values if v is not None]
 
+
+# -- 1. cells ----------------------------------------------------------------------------
+async def run_cells(plan: Plan, systems: list[System]) -> list[dict]:
+    """Every system × concurrency level × rate, systems interleaved turn by turn."""
+    rows: dict[tuple, dict] = {}
+    for n in plan.levels:
+        kept = {s: await _warm_sessions(s, n) for s in systems} if plan.keep_sessions else {}
+        try:
+            for i in range(plan.turns):
+                text = plan.texts[i % len(plan.texts)]
+                for rate in plan.rates:
+                    k = i % len(systems)
+                    for s in systems[k:] + systems[:k]:
+                        row = rows.setdefault((s.label, n, rate), {"system": s.label, "engine": s.engine, "peer": s.peer,
+                                                                   "sessions": n, "token_rate": rate, "heard": [],
+                                                                   "busy_s": 0.0, "audio_s": 0.0})
+                        await _turn(s, kept.get(s) or await _warm_sessions(s, n), text, rate, row, close=not kept)
+                    print(f"  turn {i + 1}/{plan.turns} ×{n} at {_rate(rate)} done", file=sys.stderr, flush=True)
+        finally:
+            await asyncio.gather(*(c.close() for cs in kept.values() for c in cs), return_exceptions=True)
+    out = []
+    for row in rows.values():
+        busy, audio = row.pop("busy_s"), row.pop("audio_s")
+        row.update(summarise(row["heard"]), rtf=round(busy / audio, 4) if audio > 0 else None)
+        out.append(row)
+    return out
+
+
+async def _warm_sessions(s: System, n: int) -> list:
+    """``n`` new sessions with ``s``, each past one unmeasured turn, so that no fresh-session
+    cost (a new Pipecat voice's first inference) is measured."""
+    clients = await open_clients(s, n)
+    await asyncio.gather(*(c.speak("Hello.", None) for c in clients))
+    return clients
+
+
+async def _turn(s: System, clients: list, text: str, rate: float, row: dict, close: bool) -> None:
+    """One measured turn: ``clients`` speak ``text`` at once; into ``row``; then ``close`` them.
+
+    By default sessions live only for their turn: another system's idle sessions would load
+    the host while this one is measured (a Pipecat session sends silence every 10 ms).
+    ``--keep-sessions`` keeps them for the level instead, so that each measured turn is a later
+    turn of a long session (what a rule that learns across turns does to them shows).
+    """
     try:
-        async with aiohttp.ClientSession() as http:
-            async with http.get(f"{url}{STATS_PATH}", timeout=aiohttp.ClientTimeout(total=5)) as resp:
-                if resp.status != 200:
-                    return None
-                return (await resp.json()).get(engine)
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
-        return None
+        before = None if s.peer else await engine_stats(s.url)
+        results = await asyncio.gather(*(c.speak(text, rate or None) for c in clients))
+        after = None if s.peer else await engine_stats(s.url)
+    finally:
+        if close:
+            await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
+    row["heard"] += [Heard.of(r, text) for r in results]
+    if before and after and s.engine in before and s.engine in after:
+        row["busy_s"] += after[s.engine]["busy_s"] - before[s.engine]["busy_s"]
+        row["audio_s"] += after[s.engine]["audio_s"] - before[s.engine]["audio_s"]
+
+
+# -- 2. races ----------------------------------------------------------------------------
+async def run_races(systems: list[System], races: int, text: str, rate: float) -> list[dict]:
+    """Per server: its lanes start ``text`` at the same instant, ``races`` times; wins per lane."""
+    by_server: dict[str, list[System]] = {}
+    for s in systems:
+        by_server.setdefault(s.server, []).append(s)
+    clients = {s: (await open_clients(s, 1))[0] for s in systems}
+    heard: dict[System, list[Heard]] = {s: [] for s in systems}
+    wins: dict[System, int] = {s: 0 for s in systems}
+    try:
+        for lanes in by_server.values():
+            await asyncio.gather(*(clients[s].speak("Hello.", None) for s in lanes))  # warm-up
+        for r in range(races):
+            for lanes in by_server.values():
+                results = await asyncio.gather(*(clients[s].speak(text, rate or None) for s in lanes))
+                times = {}
+                for s, result in zip(lanes, results):
+                    heard[s].append(Heard.of(result, text))
+                    if result.perceived_ttfa_ms is not None:
+                        times[s] = result.perceived_ttfa_ms
+                if times:
+                    wins[min(times, key=times.get)] += 1
+            print(f"  race {r + 1}/{races} done", file=sys.stderr, flush=True)
+    finally:
+        await asyncio.gather(*(c.close() for c in clients.values()), return_exceptions=True)
+    return [{"server": server, "races": races, "token_rate": rate,
+             "lanes": [{"system": s.label, "wins": wins[s], **summarise(heard[s])} for s in lanes]}
+            for server, lanes in by_server.items()]
+
+
+# -- 3. join -----------------------------------------------------------------------------
+async def run_join(systems: list[System], trials: int, text: str, rate: float, lead_s: float = 2.0) -> list[dict]:
+    """Per server, on its clause lane (the first engine): first audio of a session alone, and of
+    the same session starting ``lead_s`` after two others began :data:`LONG_REPLY`."""
+    out = []
+    lanes = {}
+    for s in systems:
+        lanes.setdefault(s.server, s)
+    for server, s in lanes.items():
+        newcomer, *talkers = await open_clients(s, 3)
+        alone, joined = [], []
+        try:
+            await asyncio.gather(*(c.speak("Hello.", None) for c in (newcomer, *talkers)))
+            for t in range(trials):
+                alone.append(Heard.of(await newcomer.speak(text, rate or None), text))
+                talking = [asyncio.ensure_future(c.speak(LONG_REPLY, None)) for c in talkers]
+                await asyncio.sleep(lead_s)
+                joined.append(Heard.of(await newcomer.speak(text, rate or None), text))
+                await asyncio.gather(*talking)
+                print(f"  join {t + 1}/{trials} on {server} done", file=sys.stderr, flush=True)
+        finally:
+            await asyncio.gather(*(c.close() for c in (newcomer, *talkers)), return_exceptions=True)
+        a, j = summarise(alone), summarise(joined)
+        ratio = (j["perceived_ttfa_ms"]["p50"] / a["perceived_ttfa_ms"]["p50"]
+                 if a["perceived_ttfa_ms"].get("p50") and j["perceived_ttfa_ms"].get("p50") else None)
+        out.append({"server": server, "system": s.label, "trials": trials, "alone": a, "joined": j,
+                    "ratio_p50": None if ratio is None else round(ratio, 2)})
+    return out
+
+
+# -- WER, baseline -----------------------------------------------------------------------
+def _add_wer(result: dict) -> None:
+    """Whisper WER of each cell's turns against their text (after the run: transcribing is not
+    measured and does not load the run)."""
+    from myna.bench.wer import load_whisper, transcribe, word_error_rate
+
+    model = load_whisper()
+    for row in result["rows"]:
+        turns = [t for t in row["heard"] if t.pcm is not None and len(t.pcm)]
+        row["wer"] = (round(word_error_rate([t.text for t in turns], [transcribe(model, t.pcm) for t in turns]), 3)
+                      if turns else None)
+
+
+def _drop_audio(result: dict) -> None:
+    for row in result["rows"]:
+        row.pop("heard", None)
+
+
+async def _whole_reply_baseline(plan: Plan) -> dict:
+    from myna.rtc.client import token_chunks
+
+    times = await _whole_reply(plan.texts[0], plan.baseline_repeats)
+    rate = plan.rates[0]
+    text_ms = 1000.0 * (len(token_chunks(plan.texts[0])) - 1) / rate if rate else 0.0
+    return {"synthesis_ms": _stats(times), "text_stream_ms": round(text_ms, 1),
+            "ttfa_ms_p50": round(text_ms + float(np.median(times)), 1)}
 
 
 async def _whole_reply(text: str, repeats: int) -> list[float]:
@@ -206,45 +428,81 @@ def _stats(values: list[float]) -> dict:
             "iqr": round(float(p75 - p25), 1), "p95": round(float(p95), 1)}
 
 
+# -- the report --------------------------------------------------------------------------
 def _fmt(value, digits: int = 0) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 
 
+def _rate(rate: float) -> str:
+    return f"{rate:g} tok/s" if rate else "whole"
+
+
 def format_table(result: dict) -> str:
-    """The race as a serving table: per engine, concurrency → first-audio latency and RTF."""
-    rate = f"{result['token_rate']:.0f} tokens/s" if result["token_rate"] else "all at once"
+    """Cells as a serving table, then ratios, races, join and the non-streaming baseline."""
     lines = [
-        f"Perceived TTFA over WebRTC on loopback: {result['words']} words streamed at {rate} "
-        f"(text fully written after {result['text_stream_ms']:.0f} ms), {result['turns_per_session']} turn(s) per session, "
-        f"{result['cpus']} CPUs",
-        f"{'engine':<16} {'sessions':>8} {'TTFA p50':>9} {'IQR (p25–p75)':>19} {'p95':>9} {'server p50':>10} "
-        f"{'RTF':>6} {'n':>4} {'silent':>6} {'underruns':>9}",
+        f"Perceived TTFA over WebRTC on loopback: {result['words']}-word reply, {result['turns_per_session']} measured "
+        f"turn(s) per session and cell, {result['cpus']} CPUs, --load {result['load']}",
+        f"{'system':<22} {'sess':>4} {'text':>10} {'TTFA p50':>9} {'IQR (p25–p75)':>17} {'p95':>7} {'server':>7} "
+        f"{'pre-roll':>8} {'gap p95':>8} {'gap sum':>8} {'under':>5} {'RTF':>6} {'WER':>5} {'n':>3} {'silent':>6}",
     ]
     for row in result["rows"]:
-        p, s = row["perceived_ttfa_ms"], row["server_ttfa_ms"]
+        p = row["perceived_ttfa_ms"]
+        head = f"{row['system']:<22} {row['sessions']:>4} {_rate(row['token_rate']):>10}"
+        tail = (f"{_fmt(row['pre_roll_ms_max']):>8} {_fmt(row['gap_ms_p95']):>8} {_fmt(row['gap_ms_total']):>8} "
+                f"{_fmt(row['underruns']):>5} {_fmt(row['rtf'], 3):>6} {_fmt(row.get('wer'), 3):>5} {p['n']:>3} "
+                f"{row['silent_turns']:>6}")
         if not p["n"]:
-            lines.append(f"{row['engine']:<16} {row['sessions']:>8} {'no audio':>9} {'':>19} {'':>9} {'':>10} "
-                         f"{_fmt(row['rtf'], 3):>6} {0:>4} {row['silent_turns']:>6} {row['underruns']:>9}")
+            lines.append(f"{head} {'no audio':>9} {'':>17} {'':>7} {'':>7} {tail}")
             continue
         iqr = f"{p['iqr']:.0f} ({p['p25']:.0f}–{p['p75']:.0f})"
-        lines.append(f"{row['engine']:<16} {row['sessions']:>8} {p['p50']:>6.0f} ms {iqr:>19} {p['p95']:>6.0f} ms "
-                     f"{_fmt(s.get('p50')):>7} ms {_fmt(row['rtf'], 3):>6} {p['n']:>4} {row['silent_turns']:>6} "
-                     f"{row['underruns']:>9}")
-    lines.append("TTFA: first text chunk sent → first audible sample received (ms). RTF: engine busy seconds per "
-                 "audio second, all sessions together (lower is better; > 1 cannot keep up).")
-    if any(row["rtf"] is None for row in result["rows"]):
+        lines.append(f"{head} {p['p50']:>6.0f} ms {iqr:>17} {p['p95']:>7.0f} {_fmt(row['server_ttfa_ms'].get('p50')):>7} {tail}")
+    lines.append("TTFA: first text chunk sent → first audible sample received (ms); server: the worker's first_audio "
+                 "(ms); pre-roll: max first_audio.pre_roll_ms; gap: each turn's total gap_ms (p95 over turns, sum); "
+                 "under: underruns; RTF: engine busy s per audio s (lower is better); WER: Whisper tiny.en.")
+    if any(row["rtf"] is None and not row.get("peer") for row in result["rows"]):
         lines.append("RTF —: not measured; only a worker this benchmark starts itself reports its engines' busy "
-                     "time (not one given with --server).")
+                     "time (not one given with --server or --compare).")
+    lines += _ratios(result)
+    for race in result.get("races", []):
+        wins = ", ".join(f"{lane['system']} {lane['wins']}" for lane in race["lanes"])
+        lines.append(f"Races on {race['server']} ({race['races']} × {_rate(race['token_rate'])}): first heard: {wins}")
+        for lane in race["lanes"]:
+            p = lane["perceived_ttfa_ms"]
+            lines.append(f"  {lane['system']:<22} TTFA p50 {_fmt(p.get('p50'))} ms, p95 {_fmt(p.get('p95'))} ms, "
+                         f"pre-roll max {_fmt(lane['pre_roll_ms_max'])} ms, gap sum {_fmt(lane['gap_ms_total'])} ms, "
+                         f"underruns {_fmt(lane['underruns'])}")
+    for join in result.get("join", []):
+        a, j = join["alone"]["perceived_ttfa_ms"], join["joined"]["perceived_ttfa_ms"]
+        lines.append(f"Join on {join['server']} ({join['system']}, {join['trials']} trials): a session starting while two "
+                     f"others speak long replies: TTFA p50 {_fmt(j.get('p50'))} ms against {_fmt(a.get('p50'))} ms alone "
+                     f"(× {_fmt(join['ratio_p50'], 2)}); pre-roll max {_fmt(join['joined']['pre_roll_ms_max'])} ms")
     w = result.get("whole_reply")
     if w and w["synthesis_ms"].get("n"):
-        lines.append(f"Whole-reply synthesis of the same text in-process: p50 {w['synthesis_ms']['p50']:.0f} ms "
+        lines.append(f"Whole-reply synthesis of the first text in-process: p50 {w['synthesis_ms']['p50']:.0f} ms "
                      f"(n={w['synthesis_ms']['n']}); a non-streaming pipeline's TTFA ≈ {w['ttfa_ms_p50']:.0f} ms "
                      f"(text written, then synthesised).")
-        for row in result["rows"]:
-            if row["sessions"] == result["concurrency"][0] and row["perceived_ttfa_ms"].get("n"):
-                ratio = row["perceived_ttfa_ms"]["p50"] / w["ttfa_ms_p50"]
-                lines.append(f"  {row['engine']:<16} at {row['sessions']} session(s): perceived TTFA / non-streaming TTFA = {ratio:.2f}")
     return "\n".join(lines)
+
+
+def _ratios(result: dict) -> list[str]:
+    """p50 at N sessions / at the fewest, per system and rate; each Myna system / each peer."""
+    cells = {(r["system"], r["sessions"], r["token_rate"]): r["perceived_ttfa_ms"].get("p50") for r in result["rows"]}
+    levels, lines = result["concurrency"], []
+    for system in result["systems"]:
+        for rate in result["token_rates"]:
+            base = cells.get((system, levels[0], rate))
+            parts = [f"{n}: × {cells[(system, n, rate)] / base:.2f}" for n in levels[1:]
+                     if base and cells.get((system, n, rate))]
+            if parts:
+                lines.append(f"  {system:<22} {_rate(rate):>10}: p50 against {levels[0]} session(s): {', '.join(parts)}")
+    peers = [r for r in result["rows"] if r["peer"]]
+    for row in (r for r in result["rows"] if not r["peer"]):
+        ours = row["perceived_ttfa_ms"].get("p50")
+        parts = [f"/ {p['system']} = {ours / p['perceived_ttfa_ms']['p50']:.2f}" for p in peers
+                 if ours and p["perceived_ttfa_ms"].get("p50") and (p["sessions"], p["token_rate"]) == (row["sessions"], row["token_rate"])]
+        if parts:
+            lines.append(f"  {row['system']:<22} ×{row['sessions']} {_rate(row['token_rate'])}: TTFA p50 {' '.join(parts)}")
+    return lines
 
 
 def _require_matplotlib() -> None:
@@ -255,31 +513,31 @@ def _require_matplotlib() -> None:
 
 
 def plot(result: dict, path: str) -> None:
-    """Two panels against concurrency: perceived TTFA (p50, IQR band, p95) and RTF."""
+    """Two panels against concurrency, at the first token rate: perceived TTFA (p50, IQR band,
+    p95) and RTF, one line per system."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    rate = result["token_rates"][0]
     fig, (ax_t, ax_r) = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
-    for engine in result["engines"]:
-        rows = [r for r in result["rows"] if r["engine"] == engine and r["perceived_ttfa_ms"].get("n")]
+    for system in result["systems"]:
+        rows = [r for r in result["rows"] if r["system"] == system and r["token_rate"] == rate and r["perceived_ttfa_ms"].get("n")]
         if not rows:
             continue
         x = [r["sessions"] for r in rows]
-        p50 = [r["perceived_ttfa_ms"]["p50"] for r in rows]
-        line, = ax_t.plot(x, p50, marker="o", label=engine)
+        line, = ax_t.plot(x, [r["perceived_ttfa_ms"]["p50"] for r in rows], marker="o", label=system)
         ax_t.fill_between(x, [r["perceived_ttfa_ms"]["p25"] for r in rows], [r["perceived_ttfa_ms"]["p75"] for r in rows],
                           color=line.get_color(), alpha=0.18, linewidth=0)
         ax_t.plot(x, [r["perceived_ttfa_ms"]["p95"] for r in rows], linestyle=":", color=line.get_color())
         rtf = [(r["sessions"], r["rtf"]) for r in rows if r["rtf"] is not None]
         if rtf:
-            ax_r.plot([a for a, _ in rtf], [b for _, b in rtf], marker="o", color=line.get_color(), label=engine)
+            ax_r.plot([a for a, _ in rtf], [b for _, b in rtf], marker="o", color=line.get_color(), label=system)
     w = result.get("whole_reply")
     if w:
         ax_t.axhline(w["ttfa_ms_p50"], color="grey", linestyle="--", linewidth=1, label="non-streaming (whole reply)")
-    ax_t.set(xlabel="concurrent sessions", ylabel="perceived TTFA (ms)",
-             title="First audio: p50, IQR band, p95 dotted")
+    ax_t.set(xlabel="concurrent sessions", ylabel="perceived TTFA (ms)", title="First audio: p50, IQR band, p95 dotted")
     ax_r.axhline(1.0, color="grey", linestyle="--", linewidth=1)
     ax_r.set(xlabel="concurrent sessions", ylabel="RTF (compute s / audio s)", title="Real-time factor (lower is better)")
     for ax in (ax_t, ax_r):
@@ -288,79 +546,7 @@ def plot(result: dict, path: str) -> None:
         ax.grid(True, alpha=0.3)
         ax.set_ylim(bottom=0)
     ax_t.legend(fontsize=8)
-    fig.suptitle(f"myna bench ttfa · {result['words']} words at {result['token_rate']:.0f} tokens/s · "
-                 f"{result['cpus']} CPUs", fontsize=10)
+    fig.suptitle(f"myna bench ttfa · {result['words']} words at {_rate(rate)} · {result['cpus']} CPUs · "
+                 f"--load {result['load']}", fontsize=10)
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-# -- the worker this benchmark starts ---------------------------------------------------
-class _Worker:
-    def __init__(self, proc: subprocess.Popen, url: str, log_path: str):
-        self.proc, self.url, self.log_path = proc, url, log_path
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
-def _start_worker(engines: list[str]) -> _Worker:
-    from myna.rtc.ice import enable_loopback_candidates
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    enable_loopback_candidates()  # our client talks to a worker on loopback
-    log = tempfile.NamedTemporaryFile(prefix="myna-bench-worker-", suffix=".log", delete=False)
-    proc = subprocess.Popen([sys.executable, "-m", "myna.bench.ttfa", "--port", str(port), "--engines", ",".join(engines)],
-                            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    log.close()
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            break
-        try:
-            with urllib.request.urlopen(f"{url}/healthz", timeout=1) as r:
-                if r.status == 200:
-                    return _Worker(proc, url, log.name)
-        except OSError:
-            time.sleep(0.2)
-    proc.kill()
-    with open(log.name, errors="replace") as f:
-        tail = f.read()[-2000:]
-    raise SystemExit(f"bench ttfa: the worker did not become ready:\n{tail}")
-
-
-def _serve_instrumented(argv: list[str] | None = None) -> int:
-    """``myna serve`` on loopback plus ``GET /bench/engine-stats`` (synthesis counters per engine)."""
-    from aiohttp import web
-
-    from myna.cli import _engines, _run_server
-    from myna.rtc.ice import enable_loopback_candidates
-    from myna.server.app import Worker, create_app
-
-    p = argparse.ArgumentParser(prog="myna.bench.ttfa")
-    p.add_argument("--port", type=int, required=True)
-    p.add_argument("--engines", default=DEFAULT_ENGINES)
-    args = p.parse_args(argv)
-    import logging
-
-    logging.basicConfig(level=logging.WARNING)
-    enable_loopback_candidates()
-    worker = Worker(engines=_engines(args.engines))
-    app = create_app(worker)
-
-    async def engine_stats(request: web.Request) -> web.Response:
-        return web.json_response({name: e.compute_stats() for name, e in worker.engines.items() if hasattr(e, "compute_stats")})
-
-    app.router.add_get(STATS_PATH, engine_stats)
-    return asyncio.run(_run_server(app, worker, "127.0.0.1", args.port))
-
-
-if __name__ == "__main__":
-    sys.exit(_serve_instrumented())

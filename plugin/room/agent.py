@@ -191,7 +191,7 @@ class RoomAgent:
                  ", ".join(sorted(self.speak_for)) if self.speak_for else "everyone")
 
     def _new_output(self, sink: Callable[[dict], None], source: rtc.AudioSource) -> SourceOutput:
-        self.output = SourceOutput(sink, source)
+        self.output = SourceOutput(sink, source, chunks_end_at_words=self.engine.chunks_end_at_words)
         return self.output
 
     async def run(self) -> None:

@@ -55,11 +55,13 @@ class SourceOutput:
         on_event: the session's event sink (``first_audio``, ``word``, ``turn_done``).
         source: 48 kHz mono source of the published track (see :func:`new_source`).
         clock: monotonic clock in seconds.
+        chunks_end_at_words: the engine's chunks end at word boundaries (see
+            :class:`~myna.audio.playout.Playout`): a late chunk is a gap, not an underrun.
     """
 
     def __init__(self, on_event: Callable[[dict], None], source: rtc.AudioSource,
-                 clock: Callable[[], float] = time.monotonic):
-        self.playout = Playout(on_event, clock=clock)
+                 clock: Callable[[], float] = time.monotonic, chunks_end_at_words: bool = False):
+        self.playout = Playout(on_event, clock=clock, chunks_end_at_words=chunks_end_at_words)
         self.source = source
         self._clock = clock
         self._wake = asyncio.Event()
@@ -86,12 +88,15 @@ class SourceOutput:
     def end_turn(self, turn_id: str) -> None:
         self.playout.end_turn(turn_id)
 
-    def interrupt(self) -> list[tuple[str, float, int]]:
+    def interrupt(self) -> list[dict]:
         dropped = self.playout.interrupt()
-        if dropped and dropped[0][1] > 0:  # the playing turn had been heard: it ends after what is queued
+        if dropped and dropped[0]["audio_ms"] > 0:  # the playing turn had been heard: it ends after what is queued
             self.interrupt_tails_ms.append(round(1000.0 * (self.source.queued_duration + FADE_SAMPLES / SAMPLE_RATE), 1))
         self._wake.set()  # the fade-out tail still goes out
         return dropped
+
+    def audio_runs_out_at(self) -> float:
+        return self.playout.audio_runs_out_at()
 
     # -- the pacer --------------------------------------------------------------------------
     async def _pace(self) -> None:

@@ -213,7 +213,7 @@ class MynaClient:
         self.channel.send(json.dumps(message) if isinstance(message, dict) else message)
 
     async def speak(self, text: str, tokens_per_s: float | None = 30.0, turn_id: str | None = None,
-                    timeout: float = 60.0) -> TurnResult:
+                    timeout: float = 60.0, quiet_tail_s: float | None = None) -> TurnResult:
         """Stream one turn's text as token chunks, then ``end_turn``; wait for ``turn_done``.
 
         Args:
@@ -221,6 +221,10 @@ class MynaClient:
             tokens_per_s: chunk rate, like an LLM writing; None sends all chunks at once.
             turn_id: defaults to a fresh id.
             timeout: seconds to wait for ``turn_done``.
+            quiet_tail_s: after ``turn_done``, keep recording until this much received audio
+                has been inaudible (for a peer that reports the end before its transport has
+                sent the audio; at most ``timeout``). None: Myna's ``turn_done`` follows the
+                last frame, so only the frames in flight are waited for.
         """
         turn_id = turn_id or uuid.uuid4().hex[:12]
         start = len(self.frames)
@@ -238,8 +242,24 @@ class MynaClient:
         finally:
             sender.cancel()
         await asyncio.sleep(0.1)  # the last frames are in flight when turn_done is sent
+        if quiet_tail_s is not None:
+            await self._until_quiet(start, quiet_tail_s, timeout)
         frames = self.frames[start:]
         return measure_turn(turn_id, events, frames, t0)
+
+    async def _until_quiet(self, start: int, quiet_s: float, timeout: float, silent_s: float = 10.0) -> None:
+        """Wait until audio was heard since frame ``start`` and its last ``quiet_s`` is
+        inaudible (or ``silent_s`` passed with nothing heard, or ``timeout``)."""
+        t0 = time.monotonic()
+        heard = False
+        while time.monotonic() - t0 < timeout:
+            frames = [pcm for _, pcm in self.frames[start:]]
+            heard = heard or (bool(frames) and first_audible_sample(np.concatenate(frames), SAMPLE_RATE) is not None)
+            tail = frames[-max(1, int(quiet_s * 50)) :]  # 20 ms frames
+            quiet = sum(len(p) for p in tail) >= quiet_s * SAMPLE_RATE and first_audible_sample(np.concatenate(tail), SAMPLE_RATE) is None
+            if quiet and (heard or time.monotonic() - t0 >= silent_s):
+                return
+            await asyncio.sleep(quiet_s / 4)
 
     async def _send_chunks(self, turn_id: str, text: str, tokens_per_s: float | None) -> None:
         t0 = time.monotonic()

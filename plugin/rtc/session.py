@@ -31,7 +31,7 @@ from typing import Protocol
 
 import numpy as np
 
-from myna.audio.playout import SAMPLE_RATE, Playout
+from myna.audio.playout import MAX_HOLD_S, SAMPLE_RATE, Gaps, Playout
 from myna.engines import AudioChunk, Engine, EngineError, ErrorEvent, SynthesisStream
 from myna.metrics import Metrics
 from myna.rtc.track import PacedAudioTrack
@@ -69,9 +69,12 @@ class TurnOutput(Protocol):
     def end_turn(self, turn_id: str) -> None:
         """No more audio for the turn; ``turn_done`` follows its last audio."""
 
-    def interrupt(self) -> list[tuple[str, float, int]]:
-        """Drop every queued turn now; returns ``(turn_id, audio_ms already handed out,
-        underruns)`` for each, the playing one first."""
+    def interrupt(self) -> list[dict]:
+        """Drop every queued turn now; returns each one's ``turn_done`` event with
+        ``"interrupted": True`` (audio already handed out, underruns, gaps), the playing one first."""
+
+    def audio_runs_out_at(self) -> float:
+        """When the audio queued now will have played out (session clock, s); now when none is."""
 
 
 class BadMessage(Exception):
@@ -103,6 +106,7 @@ class Session:
         metrics: the worker's metrics.
         voice: voice name passed to the engine (None: its default).
         clock: monotonic clock in seconds.
+        max_hold_s: the start rule's budget: the longest a turn's ready first audio may be held (s).
         output: builds the session's :class:`TurnOutput` from the session's event sink.
             None (the default, WebRTC): a paced :class:`~myna.audio.playout.Playout` drained
             by :attr:`track`. With an output given, :attr:`playout` and :attr:`track` are None.
@@ -117,6 +121,7 @@ class Session:
     metrics: Metrics
     voice: str | None = None
     clock: Callable[[], float] = time.monotonic
+    max_hold_s: float = MAX_HOLD_S
     output: Callable[[Callable[[dict], None]], TurnOutput] | None = None
     max_turn_chars: int | None = None
     max_queued_turns: int | None = None
@@ -131,7 +136,7 @@ class Session:
 
     def __post_init__(self) -> None:
         if self.output is None:
-            self.playout = Playout(self._on_playout_event, clock=self.clock)
+            self.playout = self._new_playout()
             self.track = PacedAudioTrack(self.playout, clock=self.clock, on_error=self._on_frame_error)
             self._output = self.playout
         else:
@@ -211,16 +216,21 @@ class Session:
         """Barge-in: cancel synthesis of every turn and drop its queued audio."""
         self._drop_turns(self._output.interrupt())
 
-    def _drop_turns(self, dropped: list[tuple[str, float, int]]) -> None:
-        """End the given ``(turn_id, audio_ms, underruns)`` turns as interrupted."""
-        for turn_id, audio_ms, underruns in dropped:
-            turn = self._turns.pop(turn_id, None)
-            self._past_turns.append(turn_id)
+    def _drop_turns(self, dropped: list[dict]) -> None:
+        """End the given turns as interrupted: ``dropped`` holds their ``turn_done`` events."""
+        for done in dropped:
+            turn = self._turns.pop(done["turn_id"], None)
+            self._past_turns.append(done["turn_id"])
             if turn is not None:
                 turn.stream.cancel()
-                self.send({"type": "turn_done", "turn_id": turn_id, "audio_ms": audio_ms, "underruns": underruns,
-                           "interrupted": True})
+                self._count(done)
+                self.send(done)
         self._open_turn = None
+
+    def audio_runs_out_at(self) -> float:
+        """When this session's queued audio will have played out (``clock`` s): the deadline of
+        its turns' next synthesis jobs (:meth:`myna.engines.base.Engine.stream`, ``group``)."""
+        return self._output.audio_runs_out_at()
 
     async def _pump(self, turn: _Turn) -> None:
         """Move one turn's engine output into the session's output."""
@@ -259,9 +269,14 @@ class Session:
             self.interrupt()
         except Exception:  # the queue itself is what broke: the track goes on with a fresh one
             log.exception("the playout could not be interrupted; replacing it")
-            self.playout = self._output = Playout(self._on_playout_event, clock=self.clock)
+            self.playout = self._output = self._new_playout()
             self.track.playout = self.playout
-            self._drop_turns([(turn_id, 0.0, 0) for turn_id in self._turns])
+            self._drop_turns([{"type": "turn_done", "turn_id": turn_id, "audio_ms": 0.0, "underruns": 0,
+                               **Gaps().fields(), "interrupted": True} for turn_id in self._turns])
+
+    def _new_playout(self) -> Playout:
+        return Playout(self._on_playout_event, clock=self.clock, max_hold_s=self.max_hold_s,
+                       chunks_end_at_words=self.engine.chunks_end_at_words)
 
     # -- lifecycle ----------------------------------------------------------------------
     @property
@@ -282,12 +297,20 @@ class Session:
         kind = event["type"]
         if kind == "first_audio":
             self.metrics.server_ttfa.labels(self.engine.name).observe(event["server_ttfa_ms"] / 1000.0)
+            self.metrics.pre_roll.labels(self.engine.name).observe(event["pre_roll_ms"] / 1000.0)
         elif kind == "turn_done":
             self._turns.pop(event["turn_id"], None)
             self._past_turns.append(event["turn_id"])
-            if event["underruns"]:
-                self.metrics.underruns.labels(self.engine.name).inc(event["underruns"])
+            self._count(event)
         self.send(event)
+
+    def _count(self, done: dict) -> None:
+        """A turn's underruns and gaps into the worker's metrics."""
+        if done["underruns"]:
+            self.metrics.underruns.labels(self.engine.name).inc(done["underruns"])
+        if done["gap_ms"]["count"]:
+            self.metrics.gaps.labels(self.engine.name).inc(done["gap_ms"]["count"])
+            self.metrics.gap_seconds.labels(self.engine.name).inc(done["gap_ms"]["total"] / 1000.0)
 
     def _error(self, code: str, message: str, turn_id: str | None = None) -> None:
         self.metrics.errors.labels(code).inc()

@@ -112,7 +112,7 @@ class PacedAudioTrack(MediaStreamTrack):
         pts = self._pts
         self._pts += FRAME_SAMPLES
         try:
-            return await self._build(pts)
+            return await self._build(pts, due=deadline)
         except Exception as exc:  # a frame is lost, never the sender
             self.errors += 1
             log.exception("audio frame %d failed; sending silence", pts // FRAME_SAMPLES)
@@ -123,10 +123,11 @@ class PacedAudioTrack(MediaStreamTrack):
                     log.exception("reporting a failed frame failed")
             return await self._build(pts, IDLE_FRAME)
 
-    async def _build(self, pts: int, samples=None) -> av.AudioFrame | av.Packet:
-        """Frame ``pts`` from the playout (or the given int16 ``samples``), encoded when set to."""
+    async def _build(self, pts: int, samples=None, due: float | None = None) -> av.AudioFrame | av.Packet:
+        """Frame ``pts`` from the playout (or the given int16 ``samples``), encoded when set to;
+        ``due`` is the frame's deadline (clock s), which the playout times pre-roll against."""
         if samples is None:
-            samples = self.playout.next_frame()
+            samples = self.playout.next_frame(due=due)
         if self._encoder is not None:
             silent = samples is IDLE_FRAME
             if self._encoder.skips(silent):

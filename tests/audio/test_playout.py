@@ -17,9 +17,16 @@ class Clock:
         return self.t
 
 
-def make(clock=None, pre_roll=None):
+NO_GAPS = {"gap_ms": {"count": 0, "total": 0.0, "longest": 0.0}, "gaps": []}
+
+
+def make(clock=None, pre_roll=None, **options):
     events: list[dict] = []
-    return Playout(events.append, clock=clock or Clock(), pre_roll=pre_roll), events
+    return Playout(events.append, clock=clock or Clock(), pre_roll=pre_roll, **options), events
+
+
+def done(turn_id: str, audio_ms: float, underruns: int = 0, **extra) -> dict:
+    return {"type": "turn_done", "turn_id": turn_id, "audio_ms": audio_ms, "underruns": underruns, **NO_GAPS, **extra}
 
 
 def tone(freq: float, seconds: float, rate: int, amp: float = 0.5) -> np.ndarray:
@@ -46,7 +53,7 @@ def test_25_chunks_of_80_ms_make_exactly_100_frames():
     playout.end_turn("t")
     out = drain(playout, events)
     assert len(out) == 100 * FRAME_SAMPLES
-    assert events[-1] == {"type": "turn_done", "turn_id": "t", "audio_ms": 2000.0, "underruns": 0}
+    assert events[-1] == {"type": "turn_done", "turn_id": "t", "audio_ms": 2000.0, "underruns": 0, **NO_GAPS}
 
 
 @pytest.mark.parametrize("rate", [24_000, 16_000, 22_050])
@@ -92,7 +99,7 @@ def test_interrupt_half_way_through_a_chunk_keeps_only_a_5_ms_fade():
     playout.push_audio("t", tone(300, 0.08, 48_000, amp=0.8), 48_000)  # one 80 ms chunk
     playout.next_frame()
     playout.next_frame()  # 40 ms of the chunk played
-    assert playout.interrupt() == [("t", 40.0, 0)]
+    assert playout.interrupt() == [done("t", 40.0, interrupted=True)]
     frame = playout.next_frame().astype(np.float64) / 32767
     assert np.all(frame[FADE_SAMPLES:] == 0)
     assert np.max(np.abs(frame[:FADE_SAMPLES])) > 0.1
@@ -132,7 +139,7 @@ def test_an_empty_turn_ends_once_and_idle_is_silence():
     playout.begin_turn("t", 0.0)
     playout.end_turn("t")
     assert not np.any(playout.next_frame())
-    assert events == [{"type": "turn_done", "turn_id": "t", "audio_ms": 0.0, "underruns": 0}]
+    assert events == [done("t", 0.0)]
     assert playout.idle
 
 
@@ -163,7 +170,7 @@ def test_interrupt_while_a_resampled_chunk_is_half_played_continues_then_fades(r
     for _ in range(5):  # 100 ms: half of the chunk
         played.append(playout.next_frame())
         clock.t += 0.02
-    assert playout.interrupt() == [("t", 100.0, 0)]
+    assert playout.interrupt() == [done("t", 100.0, interrupted=True)]
     cut = playout.next_frame()
     out = np.concatenate(played + [cut]).astype(np.float64) / 32767
     # The tail continues the waveform (no jump at the seam) and is silent after 5 ms.
@@ -188,8 +195,9 @@ def test_interrupt_while_starving_adds_no_click():
 
 
 def test_a_slow_producer_re_buffers_instead_of_stuttering():
-    """Chunks of 80 ms every 96 ms (real-time factor 1.2): the jitter-aware rule waits for a
-    buffer before starting and again after each underrun; the v1 rule stalls on every chunk."""
+    """Chunks of 80 ms every 96 ms (real-time factor 1.2): the start is held at most the budget
+    (100 ms), then the jitter-aware rule waits for a buffer after each underrun; the v1 rule
+    stalls on every chunk."""
 
     def run(pre_roll):
         clock = Clock()
@@ -211,8 +219,8 @@ def test_a_slow_producer_re_buffers_instead_of_stuttering():
 
     ours, first = run(None)
     v1, _ = run(FixedPreRoll(0.0))
-    assert v1 >= 30 and ours <= 3
-    assert 200 <= first["pre_roll_ms"] <= 1000
+    assert v1 >= 30 and ours <= 4
+    assert 40 <= first["pre_roll_ms"] <= 100  # held, but within the budget
 
 
 def test_first_audio_carries_the_pre_roll_chosen():
@@ -252,3 +260,103 @@ def test_words_follow_first_audio_and_a_slower_than_real_time_producer_is_held_a
         assert waited <= MAX_HOLD_S + 0.05, "the first audio was held past the latency budget"
     kinds = [e["type"] for e in events]
     assert kinds[:2] == ["first_audio", "word"], kinds
+
+
+def test_a_frame_level_turn_starts_within_the_budget_given():
+    """One 80 ms chunk of an unknown producer: the jitter-aware rule would wait for more; the
+    budget (here 40 ms) starts it anyway, at the last deadline within it; 0 starts at once."""
+    for budget_s, most_ms in ((0.04, 40.0), (0.0, 0.0)):
+        clock = Clock()
+        playout, events = make(clock, max_hold_s=budget_s)
+        playout.begin_turn("t", clock.t)
+        clock.t += 0.1  # slow to come: the rule alone would hold it
+        playout.push_audio("t", tone(300, 0.08, 48_000), 48_000)
+        while not events:
+            playout.next_frame()
+            clock.t += 0.02
+        assert events[0]["type"] == "first_audio" and events[0]["pre_roll_ms"] <= most_ms
+
+
+def run_chunks(playout, events, clock, arrivals, end_at=None):
+    """Deliver ``(time, pcm)`` chunks of turn "t" at their times, one frame per 20 ms, until
+    ``turn_done``; ``end_at``: when ``end_turn`` comes (default: with the last chunk)."""
+    arrivals = list(arrivals)
+    end_at = arrivals[-1][0] if end_at is None else end_at
+    frames = []
+    while not events or events[-1]["type"] != "turn_done":
+        while arrivals and arrivals[0][0] <= clock.t + 1e-9:
+            playout.push_audio("t", arrivals.pop(0)[1], 48_000)
+        if not arrivals and clock.t + 1e-9 >= end_at:
+            playout.end_turn("t")
+        frames.append(playout.next_frame())
+        clock.t += 0.02
+        assert len(frames) < 1000
+    return np.concatenate(frames)
+
+
+def test_a_late_clause_is_a_gap_between_words_not_an_underrun():
+    """Chunks that end at word boundaries (Piper): the turn starts with its first clause at once;
+    the second clause, 200 ms late, is a pause at the boundary, measured in turn_done."""
+    clock = Clock()
+    playout, events = make(clock, chunks_end_at_words=True)
+    playout.begin_turn("t", clock.t)
+    t0 = clock.t
+    out = run_chunks(playout, events, clock, [(t0, tone(300, 0.1, 48_000)), (t0 + 0.3, tone(300, 0.1, 48_000))])
+    first = next(e for e in events if e["type"] == "first_audio")
+    assert first["pre_roll_ms"] == 0.0  # no hold at all
+    last = events[-1]
+    assert last["underruns"] == 0 and last["audio_ms"] == 200.0
+    assert last["gap_ms"]["count"] == 1 and last["gaps"] == [[100.0, last["gap_ms"]["total"]]]
+    assert 180.0 <= last["gap_ms"]["total"] == last["gap_ms"]["longest"] <= 220.0
+    silent = np.flatnonzero(np.abs(out) > 0)
+    pause = np.max(np.diff(silent)) / 48.0  # the silence between the clauses (ms)
+    assert pause == pytest.approx(last["gap_ms"]["total"], abs=6.0)  # what is reported is what is heard
+
+
+def test_silence_at_the_end_of_a_turn_is_not_a_gap():
+    clock = Clock()
+    playout, events = make(clock, chunks_end_at_words=True)
+    playout.begin_turn("t", clock.t)
+    run_chunks(playout, events, clock, [(clock.t, tone(300, 0.1, 48_000))], end_at=clock.t + 0.5)
+    assert events[-1] == done("t", 100.0)
+
+
+def test_gaps_are_listed_up_to_32_and_all_counted():
+    clock = Clock()
+    playout, events = make(clock, chunks_end_at_words=True)
+    playout.begin_turn("t", clock.t)
+    t0 = clock.t
+    run_chunks(playout, events, clock, [(t0 + 0.1 * i, tone(300, 0.04, 48_000)) for i in range(40)])
+    last = events[-1]
+    assert last["gap_ms"]["count"] == 39 and len(last["gaps"]) == 32
+    assert last["gaps"][0][0] == 40.0 and all(b[0] > a[0] for a, b in zip(last["gaps"], last["gaps"][1:]))
+
+
+def test_interrupted_turns_report_their_gaps():
+    clock = Clock()
+    playout, events = make(clock, chunks_end_at_words=True)
+    playout.begin_turn("t", clock.t)
+    playout.push_audio("t", tone(300, 0.1, 48_000), 48_000)
+    for _ in range(10):  # 100 ms played, then 100 ms of gap
+        playout.next_frame()
+        clock.t += 0.02
+    playout.push_audio("t", tone(300, 0.1, 48_000), 48_000)
+    for _ in range(2):
+        playout.next_frame()
+    dropped = playout.interrupt()
+    assert dropped[0]["interrupted"] is True and dropped[0]["gap_ms"]["count"] == 1
+    assert dropped[0]["gaps"] == [[100.0, 100.0]]
+
+
+def test_audio_runs_out_when_the_queued_audio_has_played():
+    clock = Clock()
+    playout, _ = make(clock)
+    assert playout.audio_runs_out_at() == clock.t
+    playout.begin_turn("a", clock.t)
+    playout.begin_turn("b", clock.t)
+    playout.push_audio("a", tone(300, 0.5, 48_000), 48_000)
+    playout.push_audio("b", tone(300, 0.25, 48_000), 48_000)
+    assert playout.audio_runs_out_at() == pytest.approx(clock.t + 0.75)
+    playout.next_frame()
+    clock.t += 0.02
+    assert playout.audio_runs_out_at() == pytest.approx(clock.t + 0.73)  # one frame played

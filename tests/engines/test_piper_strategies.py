@@ -81,5 +81,5 @@ def test_strategies_stream_the_same_words_in_fewer_units():
     out, stats = asyncio.run(run())
     assert out["piper"][0] == 3 and out["piper-sentence"][0] == 2 and out["piper-whole"][0] == 1
     assert out["piper"][1] == out["piper-sentence"][1] == out["piper-whole"][1] == ["Hi", "there", "How", "are", "you"]
-    assert stats["units"] == 1 + 3 + 2 + 1  # the warm-up, then each strategy's units
+    assert stats["units"] == 3 + 3 + 2 + 1  # the three warm-up runs, then each strategy's units
     assert 0 < stats["busy_s"] <= stats["compute_s"] + 1e-6 and stats["audio_s"] > 1.0

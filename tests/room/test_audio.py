@@ -48,7 +48,7 @@ async def test_a_barge_in_leaves_at_most_the_source_queue_and_the_fade():
         out.end_turn("t")
         await asyncio.sleep(0.3)
         dropped = out.interrupt()
-        assert dropped[0][0] == "t" and dropped[0][1] > 0
+        assert dropped[0]["turn_id"] == "t" and dropped[0]["audio_ms"] > 0
         assert 5.0 <= out.interrupt_tails_ms[-1] <= 2 * QUEUE_MS + 5.0 + 2.0
         await asyncio.sleep(0.1)
         sent = out.frames_sent

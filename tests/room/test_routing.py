@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 
 import numpy as np
 import pytest
 
+from myna.audio.playout import Gaps
 from myna.engines import AudioChunk, Engine, SynthesisStream, WordEvent
 from myna.metrics import Metrics
 from myna.room import routing
@@ -67,16 +69,20 @@ class RecordingOutput:
             self.held.add(turn_id)
         elif turn_id in self.turns:
             self.turns.remove(turn_id)
-            self.sink({"type": "turn_done", "turn_id": turn_id, "audio_ms": 0.0, "underruns": 0})
+            self.sink({"type": "turn_done", "turn_id": turn_id, "audio_ms": 0.0, "underruns": 0, **Gaps().fields()})
 
     def release(self, turn_id):
         self.hold = set()
         self.end_turn(turn_id)
 
     def interrupt(self):
-        dropped = [(t, 0.0, 0) for t in self.turns]
+        dropped = [{"type": "turn_done", "turn_id": t, "audio_ms": 0.0, "underruns": 0, **Gaps().fields(),
+                    "interrupted": True} for t in self.turns]
         self.turns.clear()
         return dropped
+
+    def audio_runs_out_at(self):
+        return time.monotonic()
 
 
 @pytest.fixture
@@ -155,8 +161,10 @@ async def test_interrupt_returns_the_callers_dropped_turns_and_tells_every_owner
     router.message("bob", {"type": "text", "turn_id": "b1", "text": "two"})
     assert router.speaking()
     assert router.interrupt("alice") == ["a1"]
-    assert ("alice", {"type": "turn_done", "turn_id": "a1", "audio_ms": 0.0, "underruns": 0, "interrupted": True}) in delivered
-    assert ("bob", {"type": "turn_done", "turn_id": "b1", "audio_ms": 0.0, "underruns": 0, "interrupted": True}) in delivered
+    assert ("alice", {"type": "turn_done", "turn_id": "a1", "audio_ms": 0.0, "underruns": 0, **Gaps().fields(),
+                                  "interrupted": True}) in delivered
+    assert ("bob", {"type": "turn_done", "turn_id": "b1", "audio_ms": 0.0, "underruns": 0, **Gaps().fields(),
+                                  "interrupted": True}) in delivered
     assert not router.speaking()
 
 
@@ -190,4 +198,5 @@ async def test_ended_turn_ids_are_forgotten_beyond_the_limit_but_live_ones_never
         await settle()
     assert list(router._ids) == [("alice", "live"), ("alice", "t7"), ("alice", "t8"), ("alice", "t9")]
     router.output.release("r1")
-    assert delivered[-1] == ("alice", {"type": "turn_done", "turn_id": "live", "audio_ms": 0.0, "underruns": 0})
+    assert delivered[-1] == ("alice", {"type": "turn_done", "turn_id": "live", "audio_ms": 0.0, "underruns": 0,
+                                          **Gaps().fields()})

@@ -33,9 +33,17 @@ def tone(ms: float, rate: int = 22050) -> np.ndarray:
     return (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
 
 
-def make(rate: int = 16000):
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def make(rate: int = 16000, **options):
     outbox = FakeOutbox()
-    out = StreamOutput(outbox, rate)
+    out = StreamOutput(outbox, rate, **options)
     events = []
     out.bind(lambda e: (events.append(e), out.announce(e)))
     return outbox, out
@@ -82,12 +90,40 @@ def test_interrupt_drops_unsent_audio_and_keeps_every_turn_bracketed():
         out.begin_turn(turn_id, 0.0)
         out.announce({"type": "turn_started", "turn_id": turn_id})
         out.push_audio(turn_id, tone(100), 22050)
-    assert out.interrupt() == [("a", 100.0, 0), ("b", 0.0, 0)]
+    no_gaps = {"underruns": 0, "gap_ms": {"count": 0, "total": 0.0, "longest": 0.0}, "gaps": [], "interrupted": True}
+    assert out.interrupt() == [{"type": "turn_done", "turn_id": "a", "audio_ms": 100.0, **no_gaps},
+                               {"type": "turn_done", "turn_id": "b", "audio_ms": 0.0, **no_gaps}]
     for turn_id in ("a", "b"):  # what Session.interrupt sends for each dropped turn
         out.announce({"type": "turn_done", "turn_id": turn_id, "audio_ms": 0.0, "underruns": 0, "interrupted": True})
     out.push_audio("a", tone(100), 22050)  # late audio of a dropped turn
     assert kinds(outbox.items) == [("turn_started", "a"), ("first_audio", "a"), ("turn_done", "a"),
                                     ("turn_started", "b"), ("turn_done", "b")]
+
+
+def test_late_audio_is_a_gap_for_a_real_time_consumer():
+    """Unpaced, but timed for a consumer that plays from the first message on: a clause sent
+    after the previous audio would have played out is a gap of that wait, at that position."""
+    clock = Clock()
+    outbox, out = make(22050, clock=clock, chunks_end_at_words=True)
+    out.begin_turn("a", clock.t)
+    out.push_audio("a", tone(200), 22050)
+    assert out.audio_runs_out_at() == clock.t + 0.2
+    clock.t += 0.15
+    out.push_audio("a", tone(200), 22050)  # on time: 50 ms of the first clause still to play
+    assert out.audio_runs_out_at() == clock.t + 0.25
+    clock.t += 0.5
+    out.push_audio("a", tone(100), 22050)  # 250 ms late
+    out.end_turn("a")
+    done = outbox.items[-1]
+    assert done["type"] == "turn_done" and done["underruns"] == 0
+    assert done["gap_ms"] == {"count": 1, "total": 250.0, "longest": 250.0}
+    assert done["gaps"] == [[400.0, 250.0]]
+    frame_level = make(22050, clock=clock)[1]  # chunks may end inside a word: an underrun
+    frame_level.begin_turn("b", clock.t)
+    frame_level.push_audio("b", tone(100), 22050)
+    clock.t += 1.0
+    frame_level.push_audio("b", tone(100), 22050)
+    assert frame_level.interrupt()[0]["underruns"] == 1
 
 
 async def test_a_session_with_a_stream_output_runs_turns_of_an_engine():

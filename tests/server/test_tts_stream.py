@@ -97,6 +97,8 @@ async def test_turns_stream_pcm_at_the_configured_rate_in_order(server):
         turn = messages[start : done + 1]
         pcm = np.frombuffer(b"".join(m for m in turn if isinstance(m, bytes)), dtype="<i2")
         assert turn[-1]["audio_ms"] == pytest.approx(1000 * len(pcm) / 16000, abs=0.1)
+        gaps = turn[-1]["gap_ms"]  # timed for a real-time consumer; Piper never cuts a word
+        assert turn[-1]["underruns"] == 0 and gaps["count"] == len(turn[-1]["gaps"]) and gaps["total"] >= 0
         assert len(pcm) > 16000 * 0.8 and first_audible_sample(pcm, 16000) is not None
         first_audio = next(i for i, m in enumerate(turn) if isinstance(m, dict) and m["type"] == "first_audio")
         assert isinstance(turn[first_audio + 1], bytes)  # first_audio goes right before its audio

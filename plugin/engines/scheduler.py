@@ -1,0 +1,214 @@
+"""One deadline-ordered scheduler for an engine's synthesis threads, shared by all sessions.
+
+An utterance-level engine (Piper) turns text into audio one job at a time: a job is a clause or
+a piece of one, and it cannot be preempted once it runs. Which job runs next decides who waits:
+
+- **Deadline.** Every job carries the instant its session's queued audio runs out: the moment the
+  listener would hear a gap if the job's audio were not there. A turn's first job has nothing
+  queued ahead of it, so its deadline is *now*. Whenever a thread is free it takes the job with
+  the earliest deadline (earliest deadline first, EDF), ties in submission order. A session that
+  has seconds of audio buffered therefore yields the thread to one whose listener is waiting for
+  the first syllable, and gets it back before its own buffer runs dry.
+- **Horizon.** A job whose deadline is more than ``horizon_s`` (default 3 s) away waits until it
+  is within the horizon, even when a thread is idle: a session far ahead of its playout has
+  nothing to gain from more audio, and an idle thread is what a new session's first job needs.
+- **Bounded jobs.** EDF only helps if nothing blocks a thread for long, so engines keep each job
+  to about :data:`MAX_JOB_S` of compute (Piper splits long units at word boundaries with the
+  measured cost of :class:`ComputeCost`, but not into pieces so short that the cuts are heard;
+  :mod:`myna.engines.piper`). A waiting urgent job then waits at most one bounded job per thread.
+- **Drop.** :meth:`DeadlineScheduler.drop` (barge-in) removes an owner's queued jobs at once;
+  their callers see :class:`asyncio.CancelledError`. A running job finishes, unseen.
+
+All methods are called on the event loop; jobs run on the scheduler's threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+#: Default horizon: audio (s) a session may be ahead of its playout before its next job waits.
+HORIZON_S = 3.0
+#: Compute (s) one job should take at most; engines size their jobs to it.
+MAX_JOB_S = 0.3
+
+
+@dataclass(order=True)
+class _Job:
+    deadline: float
+    seq: int
+    owner: object = field(compare=False)
+    fn: Callable = field(compare=False)
+    args: tuple = field(compare=False)
+    future: asyncio.Future = field(compare=False)
+
+
+class DeadlineScheduler:
+    """Runs blocking jobs on a thread pool, earliest deadline first (see the module docstring).
+
+    Args:
+        workers: threads.
+        thread_name_prefix: name prefix of the threads.
+        horizon_s: a job whose deadline is further than this in the future waits (s).
+        clock: monotonic clock in seconds; deadlines are on this clock.
+        call_later: ``(delay_s, callback)`` timer used to wake up for a job held by the horizon;
+            defaults to the running event loop's ``call_later``.
+    """
+
+    def __init__(self, workers: int, thread_name_prefix: str, *, horizon_s: float = HORIZON_S,
+                 clock: Callable[[], float] = time.monotonic,
+                 call_later: Callable[[float, Callable[[], None]], object] | None = None):
+        if workers < 1:
+            raise ValueError("a scheduler needs at least one worker thread")
+        self.workers = workers
+        self.horizon_s = horizon_s
+        self._clock = clock
+        self._call_later = call_later
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=thread_name_prefix)
+        self._queue: list[_Job] = []  # a heap
+        self._seq = itertools.count()
+        self._running = 0
+        self._timer = None  # pending wake-up for a job held by the horizon
+        self._timer_at = float("inf")
+
+    @property
+    def queued(self) -> int:
+        """Jobs waiting (cancelled ones excluded)."""
+        return sum(1 for job in self._queue if not job.future.done())
+
+    async def run(self, fn: Callable, *args, deadline: float | None = None, owner: object = None):
+        """Run ``fn(*args)`` on a thread when its turn comes; returns its result.
+
+        Args:
+            deadline: when the caller's queued audio runs out (clock s); None means now.
+            owner: who the job belongs to, for :meth:`drop` (e.g. a turn's stream).
+
+        Raises:
+            asyncio.CancelledError: the job was dropped (or the caller cancelled) before it ran.
+            Exception: whatever ``fn`` raised.
+        """
+        future = asyncio.get_running_loop().create_future()
+        deadline = self._clock() if deadline is None else deadline
+        heapq.heappush(self._queue, _Job(deadline, next(self._seq), owner, fn, args, future))
+        self.dispatch()
+        return await future
+
+    def drop(self, owner: object) -> int:
+        """Remove every queued job of ``owner`` now (barge-in); returns how many were dropped."""
+        mine = [job for job in self._queue if owner is not None and job.owner is owner]
+        if mine:
+            self._queue = [job for job in self._queue if job.owner is not owner]
+            heapq.heapify(self._queue)
+        return sum(job.future.cancel() for job in mine)
+
+    def dispatch(self) -> None:
+        """Start queued jobs on free threads, earliest deadline first, within the horizon.
+
+        Called on submission, when a job finishes and when a job held by the horizon comes
+        within it; calling it at any other time is harmless.
+        """
+        while self._running < self.workers and self._queue:
+            job = self._queue[0]
+            if job.future.done():  # dropped, or its caller gave up
+                heapq.heappop(self._queue)
+                continue
+            wait = job.deadline - self.horizon_s - self._clock()
+            if wait > 0:
+                self._wake_in(wait)
+                return
+            heapq.heappop(self._queue)
+            self._running += 1
+            done = asyncio.wrap_future(self._pool.submit(job.fn, *job.args))
+            done.add_done_callback(lambda d, future=job.future: self._finished(d, future))
+
+    def _wake_in(self, delay: float) -> None:
+        at = self._clock() + delay
+        if self._timer is not None and self._timer_at <= at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        call_later = self._call_later or asyncio.get_running_loop().call_later
+        self._timer_at = at
+        self._timer = call_later(delay, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer, self._timer_at = None, float("inf")
+        self.dispatch()
+
+    def _finished(self, done: asyncio.Future, future: asyncio.Future) -> None:
+        self._running -= 1
+        if not future.done():
+            if done.cancelled():
+                future.cancel()
+            elif done.exception() is not None:
+                future.set_exception(done.exception())
+            else:
+                future.set_result(done.result())
+        self.dispatch()
+
+    def shutdown(self) -> None:
+        """Stop the threads; queued jobs are cancelled, a running one finishes unseen."""
+        for job in self._queue:
+            job.future.cancel()
+        self._queue.clear()
+        if self._timer is not None:
+            self._timer.cancel()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class ComputeCost:
+    """An engine's measured compute time for a job of text, to size its jobs.
+
+    A job costs a fixed overhead (phonemising, starting the model) plus a time per character
+    (the engine's real-time factor × seconds of speech per character). Both are fitted to the
+    wall time of recent jobs by exponentially weighted least squares, so the estimate follows
+    the host's load. Thread-safe: jobs report from the engine's threads.
+
+    Args:
+        overhead_s: prior fixed cost of a job (s).
+        s_per_char: prior cost per character (s).
+        weight: weight of each new measurement (0–1); the prior counts as two measurements.
+    """
+
+    def __init__(self, overhead_s: float = 0.05, s_per_char: float = 0.005, weight: float = 0.1):
+        self.weight = weight
+        self._lock = threading.Lock()
+        # Weighted moments of (chars, seconds), seeded with the prior line at 10 and 100 characters.
+        xs = (10.0, 100.0)
+        ys = tuple(overhead_s + s_per_char * x for x in xs)
+        self._x, self._y = sum(xs) / 2, sum(ys) / 2
+        self._xx = sum(x * x for x in xs) / 2
+        self._xy = sum(x * y for x, y in zip(xs, ys)) / 2
+        self.overhead_s, self.s_per_char = overhead_s, s_per_char
+
+    def observe(self, chars: int, seconds: float) -> None:
+        """Record a job of ``chars`` characters that took ``seconds`` of wall time."""
+        if chars <= 0 or seconds <= 0:
+            return
+        w = self.weight
+        with self._lock:
+            self._x += w * (chars - self._x)
+            self._y += w * (seconds - self._y)
+            self._xx += w * (chars * chars - self._xx)
+            self._xy += w * (chars * seconds - self._xy)
+            var = self._xx - self._x * self._x
+            slope = (self._xy - self._x * self._y) / var if var > 1.0 else 0.0
+            if slope > 0:
+                self.s_per_char = slope
+                self.overhead_s = max(0.0, self._y - slope * self._x)
+            else:  # jobs of one size, or noise: keep the overhead, refit the slope through the mean
+                self.s_per_char = max(1e-5, (self._y - self.overhead_s) / self._x)
+
+    def seconds(self, chars: int) -> float:
+        """Expected compute of a job of ``chars`` characters (s)."""
+        return self.overhead_s + self.s_per_char * chars
+
+    def max_chars(self, budget_s: float = MAX_JOB_S) -> int:
+        """The most characters one job may hold to stay within ``budget_s`` (at least 1)."""
+        return max(1, int((budget_s - self.overhead_s) / self.s_per_char + 1e-6))
