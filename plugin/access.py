@@ -6,11 +6,13 @@ A worker started with ``--api-key``/``--api-secret`` wants ``Authorization: Bear
 client (``myna say --server``, :class:`myna.rtc.client.MynaClient`, the framework plug-ins'
 remote backend, ``examples/client.py``) gets its token from :class:`Credentials`:
 
-1. a token given to it (``token=``, ``--token``), else ``MYNA_TOKEN`` from the environment;
-2. else, with an API key and secret (given, else ``MYNA_API_KEY``/``MYNA_API_SECRET``), a fresh
+1. a token given to it (``token=``, ``--token``);
+2. else, with an API key and secret given to it (``api_key=``, ``api_secret=``), a fresh
    short-lived token minted for each connection by :func:`myna.server.auth.mint_token`, so a
    long-running agent never sends an expired one;
-3. else no token (a worker without keys needs none).
+3. else ``MYNA_TOKEN`` from the environment;
+4. else, with ``MYNA_API_KEY`` and ``MYNA_API_SECRET`` set, tokens minted from those (as in 2);
+5. else no token (a worker without keys needs none).
 
 A refusal (HTTP 401/403) becomes :class:`AccessRefused`, whose message names the fix.
 """
@@ -71,18 +73,19 @@ class Credentials:
     """Where a client's access token comes from (see the module docstring for the order).
 
     Args:
-        token: an access token (None: ``MYNA_TOKEN``, if set).
-        api_key, api_secret: the worker's key pair, to mint tokens here (None: ``MYNA_API_KEY``
-            and ``MYNA_API_SECRET``, if both are set). Only used when there is no token.
+        token: an access token, used as it is.
+        api_key, api_secret: the worker's key pair, to mint tokens here (used with no ``token``).
+        With neither, ``MYNA_TOKEN``, else ``MYNA_API_KEY`` and ``MYNA_API_SECRET``.
         identity: the identity of minted tokens (None: ``myna-client-`` and a random suffix, so
             separate clients do not share the worker's per-identity session cap).
     """
 
     def __init__(self, token: str | None = None, *, api_key: str | None = None, api_secret: str | None = None,
                  identity: str | None = None):
-        self._token = token or os.environ.get(TOKEN_ENV) or None
-        key = api_key or os.environ.get(API_KEY_ENV)
-        secret = api_secret or os.environ.get(API_SECRET_ENV)
+        given_keys = bool(api_key and api_secret)
+        self._token = token or (None if given_keys else os.environ.get(TOKEN_ENV)) or None
+        key = api_key if given_keys else os.environ.get(API_KEY_ENV)
+        secret = api_secret if given_keys else os.environ.get(API_SECRET_ENV)
         self._keys = (key, secret) if self._token is None and key and secret else None
         self.identity = identity or f"myna-client-{uuid.uuid4().hex[:8]}"
 

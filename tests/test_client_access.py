@@ -61,7 +61,9 @@ def test_a_key_pair_mints_a_fresh_token_the_worker_accepts_for_each_connection(m
     assert grant.identity == "agent-7"
     claims = jwt.decode(first, SECRET, algorithms=["HS256"], options={"verify_aud": False})
     assert 0 < claims["exp"] - datetime.datetime.now(datetime.timezone.utc).timestamp() <= 600
-    given = Credentials(api_key=KEY, api_secret=OTHER_SECRET)  # given keys beat the environment's
+    monkeypatch.setenv("MYNA_TOKEN", "from-env")
+    given = Credentials(api_key=KEY, api_secret=OTHER_SECRET)  # given keys beat the environment's token and keys
+    assert given.token() != "from-env"
     with pytest.raises(AuthError, match="not valid"):
         Authenticator(KEY, SECRET).verify(given.token())
     assert Credentials().identity != Credentials().identity  # separate clients, separate session caps
