@@ -4,7 +4,8 @@
 
 Streams the text as token-sized chunks (like an LLM at 30 tokens/s) over a WebRTC data
 channel, records the Opus track, and prints the server and perceived TTFA. Needs only the main
-install (``bash scripts/serve.sh`` in another terminal runs the worker).
+install (``bash scripts/serve.sh`` in another terminal runs the worker). A worker with keys
+needs ``--token`` (or ``MYNA_TOKEN``; ``myna token`` mints one).
 """
 
 import argparse
@@ -20,12 +21,13 @@ async def main() -> None:
     parser.add_argument("--server", default="http://127.0.0.1:8080")
     parser.add_argument("-o", "--output", default="out.wav")
     parser.add_argument("--token-rate", type=float, default=30.0)
+    parser.add_argument("--token", default=None, help="access token for a worker with keys (default: env MYNA_TOKEN)")
     args = parser.parse_args()
 
     try:
         # Fails at once when nothing is listening; waits only while the worker is still loading.
         await wait_until_ready(args.server, timeout=60.0, starting=False)
-        async with MynaClient(args.server) as client:
+        async with MynaClient(args.server, token=args.token) as client:
             result = await client.speak(args.text, tokens_per_s=args.token_rate)
     except (OSError, RuntimeError, TimeoutError, ValueError) as exc:
         raise SystemExit(f"client.py: {exc}") from None

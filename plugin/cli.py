@@ -224,6 +224,8 @@ def _add_say(sub) -> None:
     p.add_argument("text", help="what to say")
     p.add_argument("-o", "--output", type=Path, default=Path("myna.wav"), help="WAV file to write (default: %(default)s)")
     p.add_argument("--server", metavar="URL", help="a running worker's base URL, e.g. http://127.0.0.1:8080")
+    p.add_argument("--token", default=None, help="access token for a worker with keys (default: env MYNA_TOKEN, "
+                                                 "else one minted from MYNA_API_KEY and MYNA_API_SECRET)")
     p.add_argument("--engine", default=None, help="engine (default: piper locally, the worker's default remotely)")
     p.add_argument("--voice", default=None, help="voice name (default: the engine's)")
     p.add_argument("--token-rate", type=float, default=30.0,
@@ -296,7 +298,7 @@ async def _say_remote(args: argparse.Namespace, url: str) -> int:
 
     try:
         await wait_until_ready(url, timeout=60.0, starting=False)
-        async with MynaClient(url, engine=args.engine, voice=args.voice) as client:
+        async with MynaClient(url, engine=args.engine, voice=args.voice, token=args.token) as client:
             result = await client.speak(args.text, tokens_per_s=args.token_rate or None)
     except (OSError, RuntimeError, TimeoutError, ValueError) as exc:
         print(f"myna say: {exc or type(exc).__name__}", file=sys.stderr)

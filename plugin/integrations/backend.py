@@ -30,6 +30,7 @@ import aiohttp
 import numpy as np
 import soxr
 
+from myna.access import AccessRefused, Credentials
 from myna.engines import AudioChunk, Engine, EngineError, ErrorEvent
 from myna.engines.base import NON_FATAL_CODES
 from myna.text.scripts import LATIN
@@ -122,7 +123,7 @@ class Backend(abc.ABC):
 
 def create_backend(
     *, engine: Engine | None = None, url: str | None = None, engine_name: str | None = None,
-    voice: str | None = None, sample_rate: int | None = None,
+    voice: str | None = None, sample_rate: int | None = None, credentials: Credentials | None = None,
 ) -> Backend:
     """The backend for a plug-in's arguments: ``url`` → remote, else in-process.
 
@@ -133,11 +134,14 @@ def create_backend(
         engine_name: the worker's engine to use (remote only; None: the worker's default).
         voice: voice name (None: the engine's default).
         sample_rate: output rate in Hz (None: the engine's native rate in-process, 24000 remote).
+        credentials: the access token for a worker with keys (remote only; None: from the
+            environment, see :class:`myna.access.Credentials`).
     """
     if url is not None:
         if engine is not None:
             raise ValueError("pass either engine (in-process) or url (remote), not both")
-        return RemoteBackend(url, engine_name=engine_name, voice=voice, sample_rate=sample_rate or 24_000)
+        return RemoteBackend(url, engine_name=engine_name, voice=voice, sample_rate=sample_rate or 24_000,
+                             credentials=credentials)
     return LocalBackend(engine, voice=voice, sample_rate=sample_rate)
 
 
@@ -226,10 +230,15 @@ class RemoteBackend(Backend):
         voice: voice name (None: the engine's default).
         sample_rate: rate the worker resamples to (Hz).
         session: an ``aiohttp.ClientSession`` to use (None: the backend owns one).
+        credentials: the access token sent on each connection (None: from the environment,
+            see :class:`myna.access.Credentials`). A refused token fails :meth:`start` and
+            :meth:`open_turn` with :class:`MynaError` ``token_required``, ``bad_token`` or
+            ``forbidden``, its message naming the fix.
     """
 
     def __init__(self, url: str, *, engine_name: str | None = None, voice: str | None = None,
-                 sample_rate: int = 24_000, session: aiohttp.ClientSession | None = None):
+                 sample_rate: int = 24_000, session: aiohttp.ClientSession | None = None,
+                 credentials: Credentials | None = None):
         url = url.rstrip("/")
         if url.startswith("http"):
             url = "ws" + url[len("http"):]
@@ -239,6 +248,7 @@ class RemoteBackend(Backend):
         self.engine_name = engine_name
         self.voice = voice
         self.sample_rate = sample_rate
+        self._credentials = credentials or Credentials()
         self._session = session
         self._owns_session = session is None
         self._idle: list[_Connection] = []
@@ -256,11 +266,16 @@ class RemoteBackend(Backend):
             config["engine"] = self.engine_name
         if self.voice is not None:
             config["voice"] = self.voice
+        headers = self._credentials.headers()
         try:
-            ws = await asyncio.wait_for(self._session.ws_connect(self.url, max_msg_size=0), CONNECT_TIMEOUT)
+            ws = await asyncio.wait_for(self._session.ws_connect(self.url, headers=headers, max_msg_size=0),
+                                        CONNECT_TIMEOUT)
             conn = _Connection(self, ws)
             await asyncio.wait_for(conn.handshake(config), CONNECT_TIMEOUT)
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+            if isinstance(exc, aiohttp.WSServerHandshakeError) and exc.status in (401, 403):
+                refused = AccessRefused.from_status(exc.status, token_sent=bool(headers))
+                raise MynaError(refused.code, refused.message) from None
             raise MynaError("connection_failed", f"cannot reach {self.url}: {exc or type(exc).__name__}") from None
         self._all.add(conn)
         self.scripts = frozenset(conn.ready.get("scripts") or LATIN)

@@ -6,6 +6,7 @@ Usage::
 
     session = AgentSession(tts=myna_livekit.TTS(), ...)            # in-process, embedded voice
     session = AgentSession(tts=myna_livekit.TTS(url="http://gpu-box:8080"), ...)   # remote worker
+    myna_livekit.TTS(url="https://gpu-box", token=jwt)     # a worker with keys (or MYNA_TOKEN)
 
 How it meets the ``tts.TTS`` contract (livekit-agents 1.x, ``livekit/agents/tts/tts.py``):
 
@@ -26,6 +27,10 @@ How it meets the ``tts.TTS`` contract (livekit-agents 1.x, ``livekit/agents/tts/
   audio, and retries it, and an agent session closes after a few such errors. Nothing to say is
   not a failure, so such a segment gets :data:`EMPTY_SEGMENT_MS` of silence: no error, no
   retry, nothing spoken.
+- A refused token (a remote worker with keys: no token, a bad or expired one, one that may not
+  use the engine) raises the framework's ``APIStatusError`` (status 401 or 403, not retryable,
+  ``body={"code", "message"}``) whose message names the fix; the framework reports it as a
+  non-recoverable TTS error (``tts.on("error")``), with no retries.
 - Problems a turn survives (``unsupported_language``) are logged as warnings; the rest of the
   segment is spoken.
 """
@@ -35,10 +40,11 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from livekit.agents import APIConnectionError, APIConnectOptions, APIError, tts
+from livekit.agents import APIConnectionError, APIConnectOptions, APIError, APIStatusError, tts
 from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS, TimedString
 from livekit.agents.utils import shortuuid
 
+from myna.access import ACCESS_STATUS, Credentials
 from myna.engines import Engine
 from myna.integrations.backend import Audio, Backend, LocalBackend, MynaError, Notice, RemoteBackend, Turn
 
@@ -60,6 +66,9 @@ class TTS(tts.TTS):
         engine_name: the worker's engine (remote only; None: its default).
         voice: voice name (None: the engine's default).
         sample_rate: output rate in Hz (None: the engine's native rate in-process, 24000 remote).
+        token: access token for a worker with keys (remote only; None: ``MYNA_TOKEN``).
+        api_key, api_secret: the worker's key pair, to mint a token per connection instead
+            (None: ``MYNA_API_KEY``/``MYNA_API_SECRET``); see :class:`myna.access.Credentials`.
     """
 
     def __init__(
@@ -70,12 +79,17 @@ class TTS(tts.TTS):
         engine_name: str | None = None,
         voice: str | None = None,
         sample_rate: int | None = None,
+        token: str | None = None,
+        api_key: str | None = None,
+        api_secret: str | None = None,
     ) -> None:
         if engine is not None and url is not None:
             raise ValueError("pass either engine (in-process) or url (remote), not both")
         backend: Backend
         if url is not None:
-            backend = RemoteBackend(url, engine_name=engine_name, voice=voice, sample_rate=sample_rate or 24_000)
+            credentials = Credentials(token, api_key=api_key, api_secret=api_secret)
+            backend = RemoteBackend(url, engine_name=engine_name, voice=voice, sample_rate=sample_rate or 24_000,
+                                    credentials=credentials)
             self._model = engine_name or "default"
         else:
             backend = LocalBackend(engine, voice=voice, sample_rate=sample_rate)
@@ -201,4 +215,7 @@ async def _emit(turn: Turn, emitter: tts.AudioEmitter) -> int:
 def _api_error(exc: MynaError) -> APIError:
     if exc.code in ("connection_failed", "connection_lost"):
         return APIConnectionError(str(exc))
+    if exc.code in ACCESS_STATUS:
+        return APIStatusError(str(exc), status_code=ACCESS_STATUS[exc.code], retryable=False,
+                              body={"code": exc.code, "message": exc.message})
     return APIError(str(exc), body={"code": exc.code, "message": exc.message}, retryable=False)

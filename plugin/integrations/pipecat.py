@@ -6,6 +6,7 @@ Usage::
 
     tts = MynaTTSService()                                 # in-process, embedded Piper voice
     tts = MynaTTSService(url="http://gpu-box:8080")        # a running Myna worker
+    tts = MynaTTSService(url="https://gpu-box", token=jwt)  # ... that has keys (or MYNA_TOKEN)
     pipeline = Pipeline([..., llm, tts, transport.output(), ...])
 
 How it meets Pipecat's ``TTSService`` contract (pipecat-ai 1.x, ``services/tts_service.py``):
@@ -38,6 +39,11 @@ How it meets Pipecat's ``TTSService`` contract (pipecat-ai 1.x, ``services/tts_s
   scripts the voice cannot read are not words). A reply that never has one opens no context:
   nothing is spoken, nothing is reported but the left-out script, if any, and the next reply
   is spoken as usual.
+- **A refused token** (a remote worker with keys; no token, a bad or expired one, or one that
+  may not use the engine) is pushed upstream as one ``ErrorFrame`` whose message names the fix,
+  category ``AUTHENTICATION`` (401) or ``AUTHORIZATION`` (403). Those are permanent: Pipecat
+  stops giving the service work, and the pipeline worker's ``ProcessorUnusablePolicy`` decides
+  the rest (by default the pipeline keeps running).
 - **Problems a turn survives** (``unsupported_language``) are reported with ``push_error``
   (category ``APPLICATION``: the text, not the service, is at fault); the rest is spoken.
 - **The end of a reply** ends the Myna turn's input, also when its context went quiet before
@@ -63,6 +69,7 @@ from pipecat.services.settings import TTSSettings
 from pipecat.services.tts_service import TextAggregationMode, TTSService
 from pipecat.utils.errors import ErrorCategory
 
+from myna.access import ACCESS_STATUS, Credentials
 from myna.engines import Engine
 from myna.integrations.backend import Audio, Backend, MynaError, Notice, Turn, create_backend
 from myna.text.intake import speech_in
@@ -73,6 +80,9 @@ from myna.text.intake import speech_in
 #: would close a reply's context during an LLM pause, and with it the words of a sentence that
 #: Pipecat's own sentence aggregator has not yet confirmed (it waits for the next token).
 STOP_FRAME_TIMEOUT_S = 30.0
+
+#: Pipecat's category for the HTTP status of a refused token.
+_ACCESS_CATEGORIES = {401: ErrorCategory.AUTHENTICATION, 403: ErrorCategory.AUTHORIZATION}
 
 
 class MynaTTSService(TTSService):
@@ -85,6 +95,9 @@ class MynaTTSService(TTSService):
         engine_name: the worker's engine (remote only; None: its default).
         voice: voice name (None: the engine's default).
         sample_rate: output rate in Hz (None: the pipeline's ``audio_out_sample_rate``).
+        token: access token for a worker with keys (remote only; None: ``MYNA_TOKEN``).
+        api_key, api_secret: the worker's key pair, to mint a token per connection instead
+            (None: ``MYNA_API_KEY``/``MYNA_API_SECRET``); see :class:`myna.access.Credentials`.
         text_aggregation_mode: TOKEN (default, lowest latency) or SENTENCE.
         **kwargs: passed to ``TTSService``.
     """
@@ -97,6 +110,9 @@ class MynaTTSService(TTSService):
         engine_name: str | None = None,
         voice: str | None = None,
         sample_rate: int | None = None,
+        token: str | None = None,
+        api_key: str | None = None,
+        api_secret: str | None = None,
         text_aggregation_mode: TextAggregationMode = TextAggregationMode.TOKEN,
         **kwargs,
     ):
@@ -119,12 +135,20 @@ class MynaTTSService(TTSService):
         self._url = url
         self._engine_name = engine_name
         self._voice = voice
+        self._credentials = Credentials(token, api_key=api_key, api_secret=api_secret) if url is not None else None
         self._backend: Backend | None = None
         self._turns: dict[str, Turn] = {}
         self._receivers: dict[str, asyncio.Task] = {}
         self._replies: list[str] = []  # contexts whose text is still being written, innermost last
         self._held = ""  # the open reply's text so far, while it has nothing to speak
         self._speaking = False  # the open reply's text has reached Myna
+
+    def _classify_error(self, exception: Exception) -> ErrorCategory | None:
+        """A refused token is ``AUTHENTICATION`` (401) or ``AUTHORIZATION`` (403): permanent, so
+        Pipecat stops giving the service work and its worker's policy decides what follows."""
+        if not isinstance(exception, MynaError):
+            return None
+        return _ACCESS_CATEGORIES.get(ACCESS_STATUS.get(exception.code))
 
     def can_generate_metrics(self) -> bool:
         """True: TTFB (and TTFA) metrics are produced when the pipeline enables metrics."""
@@ -142,9 +166,12 @@ class MynaTTSService(TTSService):
         if self._backend is None:
             self._backend = create_backend(
                 engine=self._engine, url=self._url, engine_name=self._engine_name,
-                voice=self._voice, sample_rate=self.sample_rate,
+                voice=self._voice, sample_rate=self.sample_rate, credentials=self._credentials,
             )
-            await self._backend.start()
+            try:
+                await self._backend.start()
+            except MynaError as exc:  # an ErrorFrame, not a stack trace; the pipeline starts
+                await self.push_error(error_msg=f"Myna TTS: {exc}", exception=exc)
 
     async def stop(self, frame: EndFrame):
         await super().stop(frame)

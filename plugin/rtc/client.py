@@ -23,6 +23,7 @@ import numpy as np
 from aiortc import RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 
+from myna.access import AccessRefused, Credentials
 from myna.audio.onset import first_audible_sample
 from myna.audio.playout import SAMPLE_RATE
 from myna.rtc.ice import enable_loopback_candidates, is_loopback_host, rtc_configuration
@@ -133,7 +134,9 @@ class MynaClient:
         url: the worker's base URL, e.g. ``http://127.0.0.1:8080``.
         engine: ``request_data.engine`` (None: the worker's default).
         voice: ``request_data.voice``.
-        token: access token for a worker that has keys (sent as ``Authorization: Bearer``).
+        token: access token for a worker that has keys (sent as ``Authorization: Bearer``);
+            None: ``MYNA_TOKEN``, else one minted from ``MYNA_API_KEY``/``MYNA_API_SECRET``
+            (:class:`myna.access.Credentials`), else none.
     """
 
     url: str
@@ -158,7 +161,8 @@ class MynaClient:
         """Negotiate, wait for the data channel's ``ready`` event.
 
         Raises:
-            RuntimeError: when the worker answers the offer with an error.
+            AccessRefused: the worker refused the token (a RuntimeError naming the fix).
+            RuntimeError: when the worker answers the offer with another error.
             TimeoutError: when the connection does not come up within ``timeout`` seconds.
         """
         if is_loopback_host(urlparse(self.url).hostname or ""):
@@ -177,15 +181,27 @@ class MynaClient:
         await self.pc.setLocalDescription(await self.pc.createOffer())
         request_data = {k: v for k, v in (("engine", self.engine), ("voice", self.voice)) if v}
         body = {"sdp": self.pc.localDescription.sdp, "type": "offer", "request_data": request_data}
-        headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
-        async with aiohttp.ClientSession() as http:
-            async with http.post(f"{self.url}/api/offer", json=body, headers=headers) as resp:
-                answer = await resp.json()
-                if resp.status != 200:
-                    raise RuntimeError(f"offer refused ({resp.status}): {answer}")
+        try:
+            answer = await self._post_offer(body)
+        except BaseException:
+            await self.pc.close()  # a refused offer leaves no peer connection behind
+            raise
         self.pc_id = answer["pc_id"]
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type=answer["type"]))
         self.ready = await asyncio.wait_for(self._next_event("ready"), timeout)
+
+    async def _post_offer(self, body: dict) -> dict:
+        """``POST /api/offer`` with the token; the answer, or the refusal raised."""
+        headers = Credentials(self.token).headers()
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{self.url}/api/offer", json=body, headers=headers) as resp:
+                answer = await resp.json()
+                if resp.status in (401, 403):
+                    error = answer.get("error", {})
+                    raise AccessRefused(resp.status, error.get("code", ""), error.get("message", ""))
+                if resp.status != 200:
+                    raise RuntimeError(f"offer refused ({resp.status}): {answer}")
+                return answer
 
     def _on_message(self, message: str) -> None:
         event = json.loads(message)

@@ -1,0 +1,103 @@
+"""The client side of access tokens: what a client of a worker with keys sends, and what it
+tells the user when the worker refuses it.
+
+A worker started with ``--api-key``/``--api-secret`` wants ``Authorization: Bearer TOKEN`` on
+``POST/PATCH /api/offer`` and on ``GET /v1/tts/stream`` (:mod:`myna.server.auth`). Every remote
+client (``myna say --server``, :class:`myna.rtc.client.MynaClient`, the framework plug-ins'
+remote backend, ``examples/client.py``) gets its token from :class:`Credentials`:
+
+1. a token given to it (``token=``, ``--token``);
+2. else, with an API key and secret given to it (``api_key=``, ``api_secret=``), a fresh
+   short-lived token minted for each connection by :func:`myna.server.auth.mint_token`, so a
+   long-running agent never sends an expired one;
+3. else ``MYNA_TOKEN`` from the environment;
+4. else, with ``MYNA_API_KEY`` and ``MYNA_API_SECRET`` set, tokens minted from those (as in 2);
+5. else no token (a worker without keys needs none).
+
+A refusal (HTTP 401/403) becomes :class:`AccessRefused`, whose message names the fix.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import uuid
+
+#: Environment variable a client reads its access token from.
+TOKEN_ENV = "MYNA_TOKEN"
+#: Environment variables of the API key pair (the same that ``myna serve`` and ``myna token`` read).
+API_KEY_ENV, API_SECRET_ENV = "MYNA_API_KEY", "MYNA_API_SECRET"
+#: Lifetime of a token minted from the key pair: one connection's handshake needs it.
+MINTED_TTL = datetime.timedelta(minutes=10)
+
+#: The HTTP status of each error code of a refused token (:mod:`myna.server.auth`).
+ACCESS_STATUS = {"token_required": 401, "bad_token": 401, "forbidden": 403}
+
+_PROBLEMS = {
+    "token_required": "this worker needs an access token",
+    "bad_token": "the worker refused the access token (signed with another key, expired or malformed)",
+    "forbidden": "the access token does not allow this (no inference grant, or an engine outside its myna.engines)",
+}
+_FIXES = {
+    "token_required": f"pass one (token=, --token) or set {TOKEN_ENV}; `myna token --identity NAME` mints one "
+                      "with the worker's API key and secret",
+    "bad_token": "mint a fresh one with `myna token` and the worker's own API key and secret",
+    "forbidden": "mint one that allows it with `myna token` (--engines)",
+}
+
+
+class AccessRefused(RuntimeError):
+    """The worker refused this client's token (HTTP 401 or 403).
+
+    Attributes:
+        status: the HTTP status (401 or 403).
+        code: ``token_required``, ``bad_token`` or ``forbidden`` (the worker's contract codes).
+        message: what went wrong (the worker's words when it sent some) and how to fix it
+            (also ``str(exc)``).
+    """
+
+    def __init__(self, status: int, code: str, detail: str = ""):
+        self.status, self.code = status, code
+        problem = detail or _PROBLEMS.get(code, f"the worker refused access (HTTP {status} {code})")
+        self.message = f"{problem}: {_FIXES[code]}" if code in _FIXES else problem
+        super().__init__(self.message)
+
+    @classmethod
+    def from_status(cls, status: int, token_sent: bool) -> "AccessRefused":
+        """The refusal of a request whose answer body could not be read (a WebSocket handshake):
+        the code follows from the status and whether a token was sent."""
+        return cls(status, "forbidden" if status == 403 else "bad_token" if token_sent else "token_required")
+
+
+class Credentials:
+    """Where a client's access token comes from (see the module docstring for the order).
+
+    Args:
+        token: an access token, used as it is.
+        api_key, api_secret: the worker's key pair, to mint tokens here (used with no ``token``).
+        With neither, ``MYNA_TOKEN``, else ``MYNA_API_KEY`` and ``MYNA_API_SECRET``.
+        identity: the identity of minted tokens (None: ``myna-client-`` and a random suffix, so
+            separate clients do not share the worker's per-identity session cap).
+    """
+
+    def __init__(self, token: str | None = None, *, api_key: str | None = None, api_secret: str | None = None,
+                 identity: str | None = None):
+        given_keys = bool(api_key and api_secret)
+        self._token = token or (None if given_keys else os.environ.get(TOKEN_ENV)) or None
+        key = api_key if given_keys else os.environ.get(API_KEY_ENV)
+        secret = api_secret if given_keys else os.environ.get(API_SECRET_ENV)
+        self._keys = (key, secret) if self._token is None and key and secret else None
+        self.identity = identity or f"myna-client-{uuid.uuid4().hex[:8]}"
+
+    def token(self) -> str | None:
+        """The token for the next request or connection (None: send none)."""
+        if self._keys is None:
+            return self._token
+        from myna.server.auth import mint_token
+
+        return mint_token(*self._keys, self.identity, MINTED_TTL)
+
+    def headers(self) -> dict[str, str]:
+        """Request headers carrying the token (``Authorization: Bearer …``; empty without one)."""
+        token = self.token()
+        return {"Authorization": f"Bearer {token}"} if token else {}
