@@ -42,10 +42,17 @@
 
 import { tokenChunks } from "./tokens.js";
 import { askForToken, authHeaders } from "./auth.js";
+import { THRESHOLD } from "./onset.js";
 
 export const SAMPLE_RATE = 48000;
 const GATHER_TIMEOUT_MS = 3000;
 const NO_ONSET_GRACE_MS = 1500;
+// A heard turn is over once its lane has been quiet this long after turn_done: the event comes
+// when the worker hands out the last frame, while that audio is still in the network and the
+// jitter buffer (longer on a busy host). A race started before then would hear the old tail
+// as the new turn's onset.
+const QUIET_AFTER_MS = 250;
+const TAIL_LIMIT_MS = 5000; // ...or this long after turn_done, whatever the tap hears
 
 let workletModules = new WeakMap(); // AudioContext → Promise of addModule
 
@@ -243,7 +250,10 @@ export class Lane extends EventTarget {
   }
 
   _onTap(msg) {
-    if (msg.type === "level") this._emit("level", msg);
+    if (msg.type === "level") {
+      if (msg.peak > THRESHOLD) this.loudAt = performance.now();
+      this._emit("level", msg);
+    }
     else if (msg.type === "pong") this._onPong && this._onPong(msg);
     else if (msg.type === "onset") {
       const turn = this.turns.get(msg.id);
@@ -322,11 +332,20 @@ export class Lane extends EventTarget {
     this._emit("turn", { turn });
     // The onset is detected as audio plays; turn_done may arrive before the tail has played,
     // and a turn with no audible audio never reports one: stop waiting after a grace period.
-    setTimeout(() => {
-      if (turn.perceivedTtfaMs === null && this.tap) this.tap.port.postMessage({ type: "disarm", id: turn.id });
+    // A heard turn is final once the lane has gone quiet (QUIET_AFTER_MS).
+    const doneAt = performance.now();
+    const settle = () => {
+      if (turn.perceivedTtfaMs === null) {
+        if (performance.now() - doneAt < NO_ONSET_GRACE_MS) return setTimeout(settle, 50);
+        if (this.tap) this.tap.port.postMessage({ type: "disarm", id: turn.id });
+      } else {
+        const now = performance.now();
+        if (now - (this.loudAt ?? 0) < QUIET_AFTER_MS && now - doneAt < TAIL_LIMIT_MS) return setTimeout(settle, 50);
+      }
       turn.final = true;
       this._emit("turn", { turn });
-    }, turn.perceivedTtfaMs === null ? NO_ONSET_GRACE_MS : 0);
+    };
+    settle();
   }
 
   _clearTimers() {
