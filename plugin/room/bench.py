@@ -15,7 +15,10 @@ here. Everything is measured side by side in one run:
 3. **CPU per speaking session.** N sessions per path, each speaking one long reply; over a
    window where all N speak, the Myna process's CPU time (``time.process_time``, all threads,
    the SDK's native ones included) and its synthesis threads' CPU time (from /proc). Send path =
-   process − synthesis; sessions per core = N × window ÷ CPU seconds.
+   process − synthesis; sessions per core = N × window ÷ CPU seconds. The send path is split
+   into the SDK's native threads (libwebrtc and tokio: Opus, pacing, RTP; ``native_*``) and the
+   rest (Python: Myna's pacer and the SDK's Python side on the job threads), to show whose CPU
+   it is.
 """
 
 from __future__ import annotations
@@ -178,11 +181,13 @@ async def _cpu(host: "_Host", node, path: str, sessions: int, window: float) -> 
         await asyncio.gather(*(c.__aexit__(None, None, None) for c in clients), return_exceptions=True)
     process = after["process_s"] - before["process_s"]
     synthesis = after["synthesis_s"] - before["synthesis_s"]
+    native = after["native_s"] - before["native_s"]
     speaking = sessions * (after["at"] - before["at"])
     row = {"sessions": sessions, "window_s": round(after["at"] - before["at"], 2),
            "process_cpu_s": round(process, 3), "synthesis_cpu_s": round(synthesis, 3),
            "cpu_ms_per_session_s": round(1000 * process / speaking, 2),
            "send_cpu_ms_per_session_s": round(1000 * (process - synthesis) / speaking, 2),
+           "native_cpu_ms_per_session_s": round(1000 * native / speaking, 2),
            "sessions_per_core": round(speaking / process, 1) if process > 0 else None,
            "send_sessions_per_core": round(speaking / (process - synthesis), 1) if process > synthesis else None,
            "turns_ended_in_window": len(done)}
@@ -278,6 +283,7 @@ def serve_both(argv: list[str] | None = None) -> int:
             tails = [ms for output in outputs for ms in output.interrupt_tails_ms]
             return web.json_response({"registered": state["registered"] and worker.ready, "at": time.monotonic(),
                                       "process_s": time.process_time(), "synthesis_s": _threads_cpu("piper"),
+                                      "native_s": _native_threads_cpu(),
                                       "room_interrupt_tails_ms": tails,
                                       "room_source_gaps": sum(output.source_gaps for output in outputs)})
 
@@ -306,17 +312,35 @@ def serve_both(argv: list[str] | None = None) -> int:
 def _threads_cpu(prefix: str) -> float:
     """CPU seconds (user + system) of this process's threads named ``prefix…`` (the engine's
     synthesis threads: onnxruntime runs on the calling thread), from /proc."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for thread in threading.enumerate():
-        if thread.name.startswith(prefix) and thread.native_id:
-            try:
-                with open(f"/proc/self/task/{thread.native_id}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:  # the thread just ended
-                continue
-            total += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime (fields 14, 15)
-    return total
+    return sum(_thread_cpu(t.native_id) for t in threading.enumerate() if t.name.startswith(prefix) and t.native_id)
+
+
+def _native_threads_cpu() -> float:
+    """CPU seconds of this process's named native threads: those Python did not start and that
+    named themselves (libwebrtc's ``AudioEncoderQueue``, ``network_thread``…, tokio's workers);
+    unnamed ones (e.g. onnxruntime's pool) keep the process's name and are left out."""
+    python = {t.native_id for t in threading.enumerate()}
+    own_name = _thread_comm(os.getpid())
+    return sum(_thread_cpu(int(tid)) for tid in os.listdir("/proc/self/task")
+               if int(tid) not in python and _thread_comm(int(tid)) not in (own_name, None))
+
+
+def _thread_comm(tid: int) -> str | None:
+    try:
+        with open(f"/proc/self/task/{tid}/comm") as f:
+            return f.read().strip()
+    except OSError:  # the thread just ended
+        return None
+
+
+def _thread_cpu(tid: int) -> float:
+    """CPU seconds (user + system) of thread ``tid`` of this process (0 once it has ended)."""
+    try:
+        with open(f"/proc/self/task/{tid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
 
 
 # -- output -------------------------------------------------------------------------------
@@ -360,6 +384,12 @@ def format_table(result: dict) -> str:
         lines.append(f"Speaking sessions per core, room ÷ direct: {c['room']['sessions_per_core'] / c['direct']['sessions_per_core']:.2f}× "
                      f"with synthesis, {(c['room']['send_sessions_per_core'] or 0) / (c['direct']['send_sessions_per_core'] or 1):.2f}× "
                      f"send path only (target ≥ 3×; {c['room']['sessions']} sessions, {c['room']['window_s']} s windows).")
+    r = c["room"]
+    if r.get("native_cpu_ms_per_session_s") is not None:
+        lines.append(f"Room send path per session: {r['native_cpu_ms_per_session_s']} ms/s in the SDK's native threads "
+                     f"(libwebrtc, tokio), {round(r['send_cpu_ms_per_session_s'] - r['native_cpu_ms_per_session_s'], 2)} ms/s "
+                     f"in Python threads (Myna's pacer and the SDK's Python side); direct send path "
+                     f"{c['direct']['send_cpu_ms_per_session_s']} ms/s.")
     lines.append("TTFA: first text chunk sent → first audible sample received. Interrupt lag: interrupt returned → end of "
                  "the last audible block of the turn received. CPU: the Myna process, per speaking session per second.")
     return "\n".join(lines)

@@ -14,6 +14,10 @@ serves it with a :class:`~myna.room.agent.RoomAgent` until no one but agents is 
 - **One engine, many rooms.** Jobs run as threads of this process (``JobExecutorType.THREAD``),
   each room on its own event loop; they share the one loaded engine through
   :class:`~myna.room.bridge.BridgedEngine`.
+- **CPU.** livekit-agents watches every job's event loop for blocking (a 20 ms heartbeat on the
+  loop and a watchdog thread per room); that costs ~5 ms of CPU per second per room, about a
+  sixth of a silent room's cost, so :func:`agent_server` turns it off unless
+  ``LIVEKIT_AGENTS_LOOP_BLOCK_WARN_MS`` is set (a value in ms turns it back on).
 - **Failures.** A room that closes, or a server that dies, ends that room's job cleanly. The
   worker itself reconnects to the server (livekit-agents: up to ``max_retry`` attempts, 0–10 s
   apart) and exits with status 1 once they are spent. Jobs of a worker that stops are not
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from dataclasses import dataclass, field
 
 from livekit.agents import AgentServer, AutoSubscribe, JobContext, JobExecutorType
@@ -39,6 +44,8 @@ log = logging.getLogger(__name__)
 DEFAULT_AGENT_NAME = "myna"
 #: Participant attribute naming the worker that serves the room (its LiveKit worker id).
 WORKER_ATTRIBUTE = "myna.worker"
+#: livekit-agents' loop-block monitor threshold (ms; "0" turns the monitor off).
+LOOP_MONITOR_ENV = "LIVEKIT_AGENTS_LOOP_BLOCK_WARN_MS"
 
 
 @dataclass(eq=False)
@@ -90,8 +97,10 @@ def agent_server(worker: RoomWorker, url: str, key: str, secret: str, agent_name
     """livekit-agents' ``AgentServer`` for ``worker``, registering as ``agent_name``.
 
     Its health endpoint (``GET /``, ``GET /worker``) binds 127.0.0.1 on ``http_port``
-    (0: any free port).
+    (0: any free port). Job loops run without livekit-agents' loop-block monitor unless
+    :data:`LOOP_MONITOR_ENV` is set (see the module docstring, "CPU").
     """
+    os.environ.setdefault(LOOP_MONITOR_ENV, "0")  # read by each job thread as it starts
     server = AgentServer(
         ws_url=url, api_key=key, api_secret=secret,
         job_executor_type=JobExecutorType.THREAD,

@@ -32,6 +32,7 @@ async def test_silence_is_not_queued_ahead_of_speech_and_speech_is_paced_by_the_
                 break
             await asyncio.sleep(0.05)
         assert events[-1]["type"] == "turn_done" and events[-1]["audio_ms"] == 600.0
+        await asyncio.sleep(0.2)  # turn_done goes with the last frame, whose capture may still wait (≤ 40 ms)
         sent = out.frames_sent
         await asyncio.sleep(0.1)
         assert out.frames_sent == sent  # idle: the source sends silence by itself

@@ -29,5 +29,7 @@ def test_the_livekit_bench_measures_both_paths_in_one_run(livekit_node):  # (the
         assert result["interrupt"][path]["lag_ms"]["n"] == 1
         cpu = result["cpu"][path]
         assert cpu["sessions"] == 2 and cpu["process_cpu_s"] > 0 and cpu["sessions_per_core"] > 0, cpu
+    room = result["cpu"]["room"]  # the SDK's libwebrtc threads encode and send: part of the send path
+    assert 0 < room["native_cpu_ms_per_session_s"] <= room["send_cpu_ms_per_session_s"], room
     assert result["interrupt"]["room"]["sender_tail_ms"]["n"] == 1
     assert "Room TTFA p50 − direct TTFA p50" in proc.stdout and "sessions per core" in proc.stdout
