@@ -28,6 +28,10 @@ as a non-streaming pipeline would), see :meth:`PiperEngine.variant` and :data:`S
 latency race (``/`` and ``myna bench ttfa``) compares them side by side. The whole-reply lane is
 split into jobs like any other, but releases its audio only once all of them are done, so it
 still measures what a non-streaming pipeline would.
+
+Phrase cache: with one attached (:meth:`PiperEngine.use_phrase_cache`), a job whose text was
+synthesised before is answered from memory (:mod:`myna.engines.phrase_cache`), before the
+stream's lead-in trims and joins, so it sounds as it did; the strategies share the entries.
 """
 
 from __future__ import annotations
