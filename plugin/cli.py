@@ -84,11 +84,51 @@ def _add_serve(sub) -> None:
     p.add_argument("--max-hold-ms", type=_non_negative_ms, default=100.0, metavar="MS",
                    help="the longest a turn's ready first audio may be held before it plays (default: %(default)s; "
                         "reported as first_audio.pre_roll_ms)")
+    _add_phrase_cache_options(p)
     _add_access_options(p)
     _add_dsm_options(p)
     p.add_argument("--livekit-url", metavar="WS_URL", help="add the page's \"via LiveKit room\" lane through this LiveKit "
                                                            "server (LIVEKIT_API_KEY and LIVEKIT_API_SECRET from the environment)")
     p.set_defaults(func=_serve)
+
+
+def _add_phrase_cache_options(p, default_mb: float | None = None) -> None:
+    from myna.engines.phrase_cache import DEFAULT_MB
+
+    g = p.add_argument_group("phrase cache (synthesised units kept in memory; myna.engines.phrase_cache)")
+    g.add_argument("--phrase-cache-mb", type=_megabytes, default=DEFAULT_MB if default_mb is None else default_mb,
+                   metavar="MB", help="memory bound of the phrase cache, MB; 0 turns it off (default: %(default)s)")
+    g.add_argument("--phrase-cache-warm", metavar="FILE",
+                   help="phrases to synthesise into the cache at start-up, one per line, before /healthz is ready "
+                        "(default: the package's list of common openings; 'none': no warm-up)")
+
+
+def _megabytes(value: str) -> float:
+    try:
+        mb = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of megabytes: {value!r}") from None
+    if not 0.0 <= mb <= 1_000_000.0:
+        raise argparse.ArgumentTypeError("must be from 0 to 1000000 MB")
+    return mb
+
+
+def _phrase_cache(args: argparse.Namespace):
+    """The worker's phrase cache and warm-up phrases from the flags: ``(None, [])`` when off.
+
+    Raises:
+        SystemExit: the warm-up file cannot be read.
+    """
+    from myna.engines.phrase_cache import PhraseCache, read_phrases
+
+    if not args.phrase_cache_mb:
+        return None, []
+    warm = args.phrase_cache_warm
+    try:
+        phrases = [] if warm == "none" else read_phrases(warm)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SystemExit(f"myna: cannot read --phrase-cache-warm {warm}: {getattr(exc, 'strerror', None) or exc}") from None
+    return PhraseCache(int(args.phrase_cache_mb * 1e6)), phrases
 
 
 def _non_negative_ms(value: str) -> float:
@@ -161,9 +201,11 @@ def _serve(args: argparse.Namespace) -> int:
     if args.ice_loopback or is_loopback_host(args.host):
         enable_loopback_candidates()
     set_peer_timeout(args.peer_timeout)
+    cache, warm = _phrase_cache(args)
     worker = Worker(engines=_engines(args.engine, _dsm_options(args)), ice_servers=args.ice_server,
                     connect_timeout=args.connect_timeout, max_hold_ms=args.max_hold_ms, limits=_limits(args),
-                    auth=Authenticator(*keys) if all(keys) else None, measure_capacity=args.max_sessions is None)
+                    auth=Authenticator(*keys) if all(keys) else None, measure_capacity=args.max_sessions is None,
+                    phrase_cache=cache, warm_phrases=warm)
     app = create_app(worker)
     add_room_lane(app, worker, args.livekit_url)  # POST /api/room, GET /vendor/livekit-client.mjs
     return asyncio.run(_run_server(app, worker, args.host, args.port, drain_timeout=args.drain_timeout))

@@ -7,6 +7,7 @@ process without clashing on metric names.
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 # Server TTFA buckets (seconds): dense where a streaming engine lands (50-500 ms).
@@ -33,6 +34,10 @@ class Metrics:
         events_dropped: events not sent, by reason (``too_large`` for the peer, ``send_failed``).
         limit: the worker's limits, by name (``max_sessions``, ``offer_rate``, ...).
         draining: 1 while draining.
+
+    With a phrase cache (:meth:`watch_phrase_cache`): ``myna_phrase_cache_hits_total``,
+    ``_misses_total``, ``_evictions_total``, ``myna_phrase_cache_bytes``, ``_entries`` and
+    ``_max_bytes``, read from the cache at each scrape.
     """
 
     content_type = CONTENT_TYPE_LATEST
@@ -74,6 +79,28 @@ class Metrics:
             if value is not None:
                 self.limit.labels(name).set(value)
 
+    def watch_phrase_cache(self, cache) -> None:
+        """Publish a :class:`myna.engines.phrase_cache.PhraseCache`'s counts (read at each scrape)."""
+        self.registry.register(_PhraseCacheCollector(cache))
+
     def render(self) -> bytes:
         """The registry in the Prometheus text exposition format."""
         return generate_latest(self.registry)
+
+
+class _PhraseCacheCollector:
+    """The phrase cache's counts as Prometheus metrics, read when scraped."""
+
+    def __init__(self, cache) -> None:
+        self.cache = cache
+
+    def collect(self):
+        stats = self.cache.stats()
+        for name, doc in (("hits", "Synthesis jobs answered from the phrase cache"),
+                          ("misses", "Synthesis jobs the phrase cache did not hold"),
+                          ("evictions", "Phrase cache entries dropped to stay within its size")):
+            yield CounterMetricFamily(f"myna_phrase_cache_{name}", doc, value=stats[name])
+        yield GaugeMetricFamily("myna_phrase_cache_bytes", "Bytes the phrase cache holds", value=stats["bytes"])
+        yield GaugeMetricFamily("myna_phrase_cache_entries", "Units the phrase cache holds", value=stats["entries"])
+        yield GaugeMetricFamily("myna_phrase_cache_max_bytes", "The phrase cache's bound (--phrase-cache-mb)",
+                                value=self.cache.max_bytes)

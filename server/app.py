@@ -5,7 +5,8 @@ Routes:
 - ``POST /api/offer``: SDP offer in, answer out (Pipecat SmallWebRTC compatible: ``sdp``,
   ``type``, ``pc_id``, ``restart_pc``, ``request_data`` with ``engine`` and ``voice``).
 - ``PATCH /api/offer``: trickled ICE candidates for a known ``pc_id`` (SmallWebRTC clients).
-- ``GET /healthz``: readiness. 200 ``ready`` once every engine has loaded and warmed up;
+- ``GET /healthz``: readiness. 200 ``ready`` once every engine has loaded and warmed up (and
+  the phrase cache is filled);
   503 ``starting`` before, ``full`` at the session cap (with ``Retry-After``), ``draining``
   after SIGTERM.
 - ``GET /livez``: liveness, 200 while the process serves (draining included).
@@ -41,6 +42,7 @@ from aiortc import RTCPeerConnection, RTCSessionDescription
 from aiortc.sdp import candidate_from_sdp
 
 from myna.engines import Engine
+from myna.engines.phrase_cache import PhraseCache, warm_up
 from myna.metrics import Metrics
 from myna.rtc.ice import rtc_configuration
 from myna.rtc.session import MAX_MESSAGE_BYTES, Session, encode_event, quote_input
@@ -93,6 +95,9 @@ class Worker:
         auth: checks access tokens (None: no token needed; clients are told apart by address).
         measure_capacity: at start-up, set ``limits.max_sessions`` (when None) to the default
             engine's measured capacity (:func:`myna.server.limits.measure_capacity`).
+        phrase_cache: synthesised units kept for reuse (:mod:`myna.engines.phrase_cache`;
+            None: off), attached to the engines at start-up after capacity is measured.
+        warm_phrases: spoken into the phrase cache at start-up, before the worker is ready.
     """
 
     engines: dict[str, Engine]
@@ -102,6 +107,8 @@ class Worker:
     limits: Limits = field(default_factory=Limits.off)
     auth: Authenticator | None = None
     measure_capacity: bool = False
+    phrase_cache: PhraseCache | None = None
+    warm_phrases: list[str] = field(default_factory=list)
     metrics: Metrics = field(default_factory=Metrics)
     peers: dict[str, Peer] = field(default_factory=dict)
     streams: set = field(default_factory=set)  # open /v1/tts/stream connections
@@ -112,18 +119,23 @@ class Worker:
 
     def __post_init__(self) -> None:
         self.admission = Admission(self.limits)
+        if self.phrase_cache is not None:
+            self.metrics.watch_phrase_cache(self.phrase_cache)
 
     @property
     def default_engine(self) -> str:
         return next(iter(self.engines))
 
     async def start(self) -> None:
-        """Load and warm up every engine (and measure capacity if asked); ready afterwards."""
+        """Load and warm up every engine (and measure capacity if asked), then fill the phrase
+        cache (capacity is measured without it); ready afterwards."""
         for engine in self.engines.values():
             await engine.start()
         if self.measure_capacity and self.limits.max_sessions is None:
             self.limits.max_sessions = await measure_capacity(self.engines[self.default_engine])
             log.info("capacity of %s on this host: %d sessions", self.default_engine, self.limits.max_sessions)
+        if self.phrase_cache is not None:
+            await warm_up(self.engines.values(), self.phrase_cache, self.warm_phrases)
         self.metrics.set_limits(self.limits)
         self.ready = True
 

@@ -323,3 +323,38 @@ def test_a_bad_budget_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exit:
         main(["serve", "--max-hold-ms", "-5"])
     assert exit.value.code == 2 and "--max-hold-ms" in capsys.readouterr().err
+
+
+def test_a_bad_phrase_cache_size_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(["serve", "--phrase-cache-mb", "-1"])
+    assert exit.value.code == 2 and "--phrase-cache-mb" in capsys.readouterr().err
+
+
+def test_an_unreadable_warm_up_list_fails_in_one_line_before_loading(capsys, tmp_path):
+    code, out, err = run_cli(capsys, "serve", "--phrase-cache-warm", str(tmp_path / "missing.txt"))
+    assert code == 1 and "loading" not in out
+    assert "cannot read --phrase-cache-warm" in one_line(err)
+
+
+def test_the_phrase_cache_flags_build_the_workers_cache(tmp_path):
+    from myna.cli import _phrase_cache
+
+    phrases = tmp_path / "openings.txt"
+    phrases.write_text("# ours\nHello there.\n\nOne moment.\n", "utf-8")
+    cache, warm = _phrase_cache(_parse_serve("--phrase-cache-mb", "2", "--phrase-cache-warm", str(phrases)))
+    assert cache.max_bytes == 2_000_000 and warm == ["Hello there.", "One moment."]
+    cache, warm = _phrase_cache(_parse_serve())
+    assert cache.max_bytes == 64_000_000 and "Sure." in warm  # the package's list by default
+    assert _phrase_cache(_parse_serve("--phrase-cache-warm", "none"))[1] == []
+    assert _phrase_cache(_parse_serve("--phrase-cache-mb", "0")) == (None, [])
+
+
+def _parse_serve(*argv: str):
+    import argparse
+
+    from myna.cli import _add_serve
+
+    parser = argparse.ArgumentParser()
+    _add_serve(parser.add_subparsers())
+    return parser.parse_args(["serve", *argv])

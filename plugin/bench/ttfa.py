@@ -25,6 +25,12 @@ Three parts, in one run:
    long one (:data:`LONG_REPLY`: its first clause is 21 words without a comma), 2 s into theirs;
    against the same session alone, interleaved trial by trial.
 
+4. **Phrase cache** (``--phrase-cache``). Each engine also runs on a second worker with the phrase
+   cache on (``--phrase-cache-mb 64``, the default warm-up list), as lane ``ENGINE+cache``, in the
+   same cells; the default replies are openings from the warm-up list. Per engine, sessions and
+   rate: server TTFA on a hit, and perceived TTFA on a hit against a miss (the same text on the
+   worker without the cache), with the hits and misses the cache worker counted (``/metrics``).
+
 ``--load N`` keeps N busy processes on the CPU for the whole run, so a loaded host is
 reproducible. RTF is the worker's engine busy time (wall seconds with at least one synthesis
 running) per second of audio it produced during a cell (compute ÷ audio; above 1 the engine
@@ -51,6 +57,12 @@ from myna.bench.systems import System, engine_stats, open_clients
 
 DEFAULT_TEXT = "Sure, I can help with that: your table for four is booked at seven tonight."
 DEFAULT_ENGINES = "piper,piper-sentence,piper-whole"
+#: The replies of ``--phrase-cache`` (without ``--text``): openings from the default warm-up
+#: list, the second followed by a sentence the list does not hold (synthesised while the
+#: cached opening plays; cached after its first turn).
+CACHE_TEXTS = ("Okay, let me check that for you.", "Thanks for calling! Your table for four is booked at seven tonight.")
+#: Lane suffix of an engine on the worker with the phrase cache on.
+CACHE_SUFFIX = "+cache"
 #: The long replies of ``--join``: a first clause of 21 words without a comma, then more.
 LONG_REPLY = ("I went through the whole order history this morning and the package you asked about left our "
               "warehouse on Monday evening, and it should reach you by Thursday, so somebody should be at home "
@@ -81,6 +93,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--compare", action="append", default=[], metavar="LABEL=URL",
                    help="also measure the same engines on another running worker (repeatable)")
     p.add_argument("--wer", action="store_true", help="Whisper tiny.en WER per cell (needs the dev extra)")
+    p.add_argument("--phrase-cache", action="store_true",
+                   help="also run each engine on a worker with the phrase cache on (lanes ENGINE+cache): TTFA on a "
+                        "hit against a miss; default replies: openings from the warm-up list")
     p.add_argument("--keep-sessions", action="store_true",
                    help="keep each system's sessions for the whole level (default: new sessions for every turn)")
     p.add_argument("--baseline-repeats", type=int, default=5,
@@ -110,6 +125,7 @@ class Plan:
     wer: bool = False
     baseline_repeats: int = 0
     keep_sessions: bool = False
+    phrase_cache: bool = False
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "Plan":
@@ -121,8 +137,10 @@ class Plan:
         engines = [e.strip() for e in args.engines.split(",") if e.strip()]
         if not engines or not levels or not rates or min(levels) < 1 or args.turns < 1 or min(rates) < 0 or args.load < 0:
             raise SystemExit("bench ttfa: need engines, concurrency levels ≥ 1, --turns ≥ 1, rates ≥ 0 and --load ≥ 0")
-        return cls(engines, levels, args.turns, rates, args.text or [DEFAULT_TEXT], args.load, args.races, args.join,
-                   args.wer, args.baseline_repeats, args.keep_sessions)
+        phrase_cache = getattr(args, "phrase_cache", False)
+        texts = args.text or list(CACHE_TEXTS if phrase_cache else [DEFAULT_TEXT])
+        return cls(engines, levels, args.turns, rates, texts, args.load, args.races, args.join,
+                   args.wer, args.baseline_repeats, args.keep_sessions, phrase_cache)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -146,6 +164,10 @@ def run(args: argparse.Namespace) -> int:
             servers.append(Server(["myna.bench.worker", "--engines", ",".join(plan.engines)], "worker"))
             url = servers[-1].url
         systems = [System(e, url, e, server="myna") for e in plan.engines]
+        if plan.phrase_cache:
+            servers.append(Server(["myna.bench.worker", "--engines", ",".join(plan.engines), "--phrase-cache-mb",
+                                   "64"], "worker with the phrase cache"))
+            systems += [System(e + CACHE_SUFFIX, servers[-1].url, e, server="cache") for e in plan.engines]
         for label, other in compares:
             systems += [System(f"{label}:{e}", other, e, server=label) for e in plan.engines]
         for peer in args.peer:
@@ -198,8 +220,14 @@ async def _measure(plan: Plan, systems: list[System]) -> dict:
         "words": len(plan.texts[0].split()),
         "load": plan.load,
         "cpus": os.cpu_count(),
-        "rows": await run_cells(plan, systems),
     }
+    cached = next((s.url for s in systems if s.server == "cache"), None)
+    counts = await _cache_counts(cached) if cached else None
+    result["rows"] = await run_cells(plan, systems)
+    if cached:
+        after = await _cache_counts(cached)
+        result["phrase_cache"] = {"hits": after["hits"] - counts["hits"], "misses": after["misses"] - counts["misses"],
+                                  "cells": phrase_cache_cells(result["rows"])}
     racers = [s for s in systems if not s.peer]
     if plan.races:
         result["races"] = await run_races(racers, plan.races, plan.texts[0], plan.rates[0])
@@ -207,6 +235,39 @@ async def _measure(plan: Plan, systems: list[System]) -> dict:
         result["join"] = await run_join(racers, plan.join, plan.texts[0], plan.rates[0])
     result["wall_s"] = round(time.monotonic() - t0, 1)
     return result
+
+
+async def _cache_counts(url: str) -> dict:
+    """The phrase cache's ``hits`` and ``misses`` on a worker, from its ``/metrics``."""
+    import aiohttp
+
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{url}/metrics", timeout=aiohttp.ClientTimeout(total=10)) as resp:
+            text = await resp.text()
+    counts = {"hits": 0.0, "misses": 0.0}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in ("myna_phrase_cache_hits_total", "myna_phrase_cache_misses_total"):
+            counts[name.split("_")[3]] = float(value)
+    return counts
+
+
+def phrase_cache_cells(rows: list[dict]) -> list[dict]:
+    """Per engine, sessions and rate: the ``+cache`` lane (hits) against the plain lane (misses,
+    the same text): server TTFA p50 on a hit, perceived TTFA p50 on each, and hit ÷ miss."""
+    plain = {(r["system"], r["sessions"], r["token_rate"]): r for r in rows}
+    out = []
+    for hit in (r for r in rows if r["system"].endswith(CACHE_SUFFIX)):
+        miss = plain.get((hit["system"].removesuffix(CACHE_SUFFIX), hit["sessions"], hit["token_rate"]))
+        if miss is None:
+            continue
+        h, m = hit["perceived_ttfa_ms"].get("p50"), miss["perceived_ttfa_ms"].get("p50")
+        out.append({"engine": miss["system"], "sessions": hit["sessions"], "token_rate": hit["token_rate"],
+                    "server_ttfa_hit_ms_p50": hit["server_ttfa_ms"].get("p50"),
+                    "server_ttfa_miss_ms_p50": miss["server_ttfa_ms"].get("p50"),
+                    "perceived_hit_ms_p50": h, "perceived_miss_ms_p50": m,
+                    "hit_over_miss": round(h / m, 2) if h and m else None})
+    return out
 
 
 # -- what one turn left ---------------------------------------------------------------------
@@ -476,6 +537,15 @@ def format_table(result: dict) -> str:
         lines.append(f"Join on {join['server']} ({join['system']}, {join['trials']} trials): a session starting while two "
                      f"others speak long replies: TTFA p50 {_fmt(j.get('p50'))} ms against {_fmt(a.get('p50'))} ms alone "
                      f"(× {_fmt(join['ratio_p50'], 2)}); pre-roll max {_fmt(join['joined']['pre_roll_ms_max'])} ms")
+    cache = result.get("phrase_cache")
+    if cache:
+        lines.append(f"Phrase cache: {cache['hits']:.0f} hits, {cache['misses']:.0f} misses on the cache worker "
+                     "(warm-up turns included). Targets: server TTFA on a hit ≤ 20 ms p50; perceived hit ≤ 0.5 × miss.")
+        for c in cache["cells"]:
+            lines.append(f"  {c['engine']:<16} ×{c['sessions']} {_rate(c['token_rate']):>10}: server TTFA hit "
+                         f"{_fmt(c['server_ttfa_hit_ms_p50'])} ms (miss {_fmt(c['server_ttfa_miss_ms_p50'])} ms); "
+                         f"perceived hit {_fmt(c['perceived_hit_ms_p50'])} ms / miss {_fmt(c['perceived_miss_ms_p50'])} ms "
+                         f"= × {_fmt(c['hit_over_miss'], 2)}")
     w = result.get("whole_reply")
     if w and w["synthesis_ms"].get("n"):
         lines.append(f"Whole-reply synthesis of the first text in-process: p50 {w['synthesis_ms']['p50']:.0f} ms "

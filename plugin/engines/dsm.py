@@ -4,6 +4,15 @@ the batched frame loop (:class:`myna.dsm.loop.FrameLoop`).
 Every turn is a slot of the one loop thread that owns the model: words go to the slot as they
 arrive, 80 ms PCM frames (24 kHz, 1920 samples) and word events come back through the event loop
 (``call_soon_threadsafe``). The model never runs on the event loop (DESIGN.md §2).
+
+Phrase cache (:mod:`myna.engines.phrase_cache`): a DSM turn has no unit boundary (each word's
+audio depends on the text around it), so only whole short turns are cached: a turn of at most
+:data:`CACHED_TURN_WORDS` words whose text had ended before it took its slot (sent whole, or
+queued behind another turn) is looked up by its whole text and, on a miss, stored once it has
+finished. A turn still streaming when it takes its slot starts at once and is neither looked up
+nor stored. A seeded engine (``seed``: tests and reproducible runs that measure the model)
+bypasses the cache unless ``cache_seeded``; then the seed is part of the key, so a hit is the
+audio that seed gives.
 """
 
 from __future__ import annotations
@@ -18,6 +27,9 @@ import numpy as np
 from myna.engines.base import AudioChunk, Engine, EngineError, SynthesisStream, WordEvent, spoken_word
 
 log = logging.getLogger(__name__)
+
+#: The longest turn (words) the phrase cache keeps: an opening, not a reply.
+CACHED_TURN_WORDS = 12
 
 
 class DSMEngine(Engine):
@@ -34,6 +46,7 @@ class DSMEngine(Engine):
         max_ahead_s: backpressure: a turn more than this ahead of real time pauses.
         seed: fixed per-turn seed (tests, reproducible runs); None draws one per turn.
         threads: torch intra-op threads on CPU (default: all cores but one, for the pacer).
+        cache_seeded: with ``seed``, use the phrase cache all the same (see the module docstring).
     """
 
     name = "dsm"
@@ -42,7 +55,7 @@ class DSMEngine(Engine):
     def __init__(self, checkpoint: str | Path, *, voice: str | Path | None = None, n_q: int = 32,
                  guidance: str | float | None = None, device: str | None = None, max_batch: int = 16,
                  max_ahead_s: float = 3.0, seed: int | None = None, threads: int | None = None,
-                 name: str = "dsm"):
+                 name: str = "dsm", cache_seeded: bool = False):
         self.name = name
         self.checkpoint = checkpoint
         self.voice_path = Path(voice) if voice else None
@@ -53,6 +66,8 @@ class DSMEngine(Engine):
         self.max_ahead_s = max_ahead_s
         self.seed = seed
         self.threads = threads
+        self.cache_seeded = cache_seeded
+        self.phrase_cache = None  # a PhraseCache once the worker attaches one (use_phrase_cache)
         self.tts = None
         self.loop = None
         self._group_tails: dict[object, asyncio.Future] = {}  # each group's last turn (one slot per group)
@@ -101,6 +116,18 @@ class DSMEngine(Engine):
         self.tts, self.loop = tts, loop
         log.info("dsm engine ready: %s on %s, n_q=%d, %d slots", self.checkpoint, device, tts.n_q, self.max_batch)
 
+    def use_phrase_cache(self, cache) -> None:
+        """Answer whole short turns from ``cache`` (a
+        :class:`~myna.engines.phrase_cache.PhraseCache`) and store them; a seeded engine only
+        with ``cache_seeded``. None stops."""
+        self.phrase_cache = cache
+
+    def _cache(self):
+        """The phrase cache and this engine's key in it, or ``(None, "")`` when bypassed."""
+        if self.phrase_cache is None or (self.seed is not None and not self.cache_seeded):
+            return None, ""
+        return self.phrase_cache, self.name if self.seed is None else f"{self.name}#seed={self.seed}"
+
     async def close(self) -> None:
         if self.loop is not None:
             loop, self.loop = self.loop, None
@@ -124,7 +151,8 @@ class DSMStream(SynthesisStream):
 
     A group (a session) holds at most one slot: a turn queued behind another turn of the same
     group takes its slot only once that turn has finished, so one client's queued turns cannot
-    fill the loop. A turn with no words never takes a slot (no audio, like the other engines).
+    fill the loop. A turn with no words never takes a slot (no audio, like the other engines),
+    nor does a whole short turn the phrase cache holds (see the module docstring).
     """
 
     def __init__(self, engine: DSMEngine, group: object = None):
@@ -133,6 +161,7 @@ class DSMStream(SynthesisStream):
         self._session = None
         self._words: list[str] = []  # words pushed before the slot opened
         self._ended = False
+        self._recorded: tuple[list, list] | None = None  # (pcm pieces, word starts ms) to cache
         group = group if group is not None else self
         previous = engine._group_tails.get(group)
         self._done = self._loop.create_future()  # resolved when this turn releases its slot
@@ -150,12 +179,41 @@ class DSMStream(SynthesisStream):
             self._release()
             self._finish()
             return
+        if self._ended and len(self._words) <= CACHED_TURN_WORDS and self._from_cache():
+            return
         self._session = self.engine.loop.open(voice=self.engine.voice_path, seed=self.engine.seed,
                                               on_audio=self._audio, on_word=self._word, on_end=self._end)
         if self._words:
             self._session.push_words(self._words)
         if self._ended:
             self._session.end_input()
+
+    def _from_cache(self) -> bool:
+        """Speak the whole turn from the phrase cache if it holds it (True), else record the
+        turn's audio to store it once it has finished."""
+        cache, key = self.engine._cache()
+        if cache is None:
+            return False
+        hit = cache.get(key, self._voice_key(), " ".join(self._words))
+        if hit is None:
+            self._recorded = ([], [])
+            return False
+        pcm, starts = hit
+        for word, start in zip(self._words, starts):
+            self._emit(WordEvent(spoken_word(word), start))
+        self._emit(AudioChunk(pcm, self.engine.sample_rate))
+        self._release()
+        self._finish()
+        return True
+
+    def _store(self) -> None:
+        cache, key = self.engine._cache()
+        pieces, starts = self._recorded
+        if cache is not None and not self.cancelled and pieces and len(starts) == len(self._words):
+            cache.put(key, self._voice_key(), " ".join(self._words), np.concatenate(pieces), starts)
+
+    def _voice_key(self) -> str:
+        return str(self.engine.voice_path or "default")
 
     def _release(self) -> None:
         if not self._done.done():
@@ -180,13 +238,19 @@ class DSMStream(SynthesisStream):
 
     # loop thread → event loop
     def _audio(self, pcm: np.ndarray) -> None:
+        if self._recorded is not None:
+            self._recorded[0].append(np.array(pcm, np.float32))
         self._emit_threadsafe(AudioChunk(pcm, self.engine.sample_rate))
 
     def _word(self, word: str, start_s: float) -> None:
+        if self._recorded is not None:
+            self._recorded[1].append(1000.0 * start_s)
         self._emit_threadsafe(WordEvent(spoken_word(word), 1000.0 * start_s))
 
     def _end(self, error: BaseException | None) -> None:
         self._loop.call_soon_threadsafe(self._release)
+        if error is None and self._recorded is not None:
+            self._loop.call_soon_threadsafe(self._store)
         if error is None:
             self._loop.call_soon_threadsafe(self._finish)
         else:

@@ -28,6 +28,10 @@ as a non-streaming pipeline would), see :meth:`PiperEngine.variant` and :data:`S
 latency race (``/`` and ``myna bench ttfa``) compares them side by side. The whole-reply lane is
 split into jobs like any other, but releases its audio only once all of them are done, so it
 still measures what a non-streaming pipeline would.
+
+Phrase cache: with one attached (:meth:`PiperEngine.use_phrase_cache`), a job whose text was
+synthesised before is answered from memory (:mod:`myna.engines.phrase_cache`), before the
+stream's lead-in trims and joins, so it sounds as it did; the strategies share the entries.
 """
 
 from __future__ import annotations
@@ -125,6 +129,7 @@ class PiperEngine(Engine):
         self.cost = ComputeCost()
         self.max_job_s = max_job_s
         self._voice = None
+        self.phrase_cache = None  # a PhraseCache once the worker attaches one (use_phrase_cache)
         self.strategy = "clause"
         self._starting: asyncio.Task | None = None
         self._closed = False
@@ -202,14 +207,26 @@ class PiperEngine(Engine):
         strategy = strategy or self.strategy
         return PiperStream(self, group, STRATEGIES[strategy][0](), release_at_end=strategy == "whole")
 
+    def use_phrase_cache(self, cache) -> None:
+        """Answer jobs from ``cache`` (a :class:`~myna.engines.phrase_cache.PhraseCache`) when
+        it holds their text, and store what is synthesised; None stops. Shared by the variants."""
+        self.phrase_cache = cache
+
     async def synthesize(self, text: str, deadline: float | None = None, owner: object = None) -> tuple[np.ndarray, list[float]]:
-        """:meth:`synthesize_clause` on the engine's threads, in deadline order.
+        """:meth:`synthesize_clause` on the engine's threads, in deadline order; from the
+        phrase cache, with no synthesis, when it holds ``text`` (:meth:`use_phrase_cache`).
 
         Args:
             deadline: when the caller's queued audio runs out (``time.monotonic`` s); None: now.
             owner: who the job belongs to; :meth:`DeadlineScheduler.drop` drops its queued jobs.
         """
-        return await self.scheduler.run(self.synthesize_clause, text, deadline=deadline, owner=owner)
+        cache = self.phrase_cache
+        if cache is not None and (hit := cache.get(self.name, self.voice_name, text)) is not None:
+            return hit
+        pcm, starts = await self.scheduler.run(self.synthesize_clause, text, deadline=deadline, owner=owner)
+        if cache is not None:
+            cache.put(self.name, self.voice_name, text, pcm, starts)
+        return pcm, starts
 
     def max_job_chars(self) -> int:
         """The most characters one job may hold to take at most :attr:`max_job_s` at the measured
@@ -289,6 +306,9 @@ class PiperVariant(Engine):
 
     def compute_stats(self) -> dict:
         return self.base.compute_stats()
+
+    def use_phrase_cache(self, cache) -> None:
+        self.base.use_phrase_cache(cache)
 
     def stream(self, voice: str | None = None, group: object = None) -> "PiperStream":
         return self.base.stream(voice, group, strategy=self.strategy)

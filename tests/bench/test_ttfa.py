@@ -165,3 +165,20 @@ def _has_matplotlib() -> bool:
     except ImportError:
         return False
     return True
+
+
+def test_phrase_cache_cells_set_each_hit_lane_against_its_miss_lane():
+    parser = argparse.ArgumentParser(prog="myna bench")
+    add_parsers(parser.add_subparsers(dest="benchmark", required=True))
+    plan = ttfa.Plan.from_args(parser.parse_args(["ttfa", "--phrase-cache", "--engines", "piper"]))
+    assert plan.phrase_cache and plan.texts == list(ttfa.CACHE_TEXTS)  # openings from the warm-up list
+    rows = [_row("piper", 1, 700, rate=0.0), _row("piper+cache", 1, 140, rate=0.0), _row("piper", 1, 750),
+            _row("piper+cache", 1, 200)]
+    cells = ttfa.phrase_cache_cells(rows)
+    assert [(c["token_rate"], c["perceived_hit_ms_p50"], c["perceived_miss_ms_p50"], c["hit_over_miss"])
+            for c in cells] == [(0.0, 140.0, 700.0, 0.2), (30.0, 200.0, 750.0, 0.27)]
+    assert cells[0]["server_ttfa_hit_ms_p50"] == 100.0 and cells[0]["engine"] == "piper"
+    result = {**_result(), "phrase_cache": {"hits": 20, "misses": 2, "cells": cells}}
+    table = ttfa.format_table(result)
+    assert "Phrase cache: 20 hits, 2 misses" in table
+    assert "perceived hit 140 ms / miss 700 ms = × 0.20" in table

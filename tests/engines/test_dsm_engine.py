@@ -144,3 +144,70 @@ async def test_a_sessions_queued_turns_hold_one_slot_and_empty_turns_take_none(e
     empty = engine.stream(group=group)
     empty.end_input()
     assert await _collect(empty, 5) == []
+
+
+async def _whole_turn(engine, text: str) -> list:
+    stream = engine.stream()
+    stream.push_text(text)
+    stream.end_input()  # before the slot opens: the whole turn is known
+    return await _collect(stream)
+
+
+def _slots_opened(engine) -> list:
+    opened = []
+    real_open = engine.loop.open
+
+    def counting_open(*args, **kwargs):
+        opened.append(kwargs.get("seed"))
+        return real_open(*args, **kwargs)
+
+    engine.loop.open = counting_open
+    return opened
+
+
+@pytest.mark.parametrize("cache_seeded", [False, True])
+async def test_a_seeded_engine_bypasses_the_phrase_cache_unless_asked(engine, cache_seeded):
+    from myna.engines.phrase_cache import PhraseCache
+
+    cache = PhraseCache(10_000_000)
+    engine.use_phrase_cache(cache)
+    engine.cache_seeded = cache_seeded
+    opened = _slots_opened(engine)
+    try:
+        first = await _whole_turn(engine, "Sure, one moment.")
+        again = await _whole_turn(engine, "sure, one moment.")
+    finally:
+        del engine.loop.open
+        engine.use_phrase_cache(None)
+        engine.cache_seeded = False
+    assert engine.seed is not None
+    if not cache_seeded:  # the model spoke both turns; nothing was stored or looked up
+        assert len(opened) == 2 and len(cache) == 0 and (cache.hits, cache.misses) == (0, 0)
+        return
+    assert len(opened) == 1 and cache.hits == 1  # the second turn took no slot
+    pcm = lambda items: np.concatenate([i.pcm for i in items if isinstance(i, AudioChunk)])
+    words = lambda items: [(w.word, w.start_ms) for w in items if isinstance(w, WordEvent)]
+    assert np.array_equal(pcm(first), pcm(again))
+    assert [s for _, s in words(first)] == [s for _, s in words(again)]
+    assert [w for w, _ in words(again)] == ["sure", "one", "moment"]  # captions: this turn's own words
+
+
+async def test_a_turn_still_streaming_when_it_starts_is_not_cached(engine):
+    from myna.engines.phrase_cache import PhraseCache
+
+    cache = PhraseCache(10_000_000)
+    engine.use_phrase_cache(cache)
+    engine.cache_seeded = True
+    try:
+        stream = engine.stream()
+        stream.push_text("Sure, one")
+        await asyncio.sleep(0.05)  # the slot opens while the text goes on
+        stream.push_text(" moment.")
+        stream.end_input()
+        assert any(isinstance(i, AudioChunk) for i in await _collect(stream))
+        long = await _whole_turn(engine, "one two three four five six seven eight nine ten eleven twelve thirteen.")
+        assert any(isinstance(i, AudioChunk) for i in long)
+    finally:
+        engine.use_phrase_cache(None)
+        engine.cache_seeded = False
+    assert len(cache) == 0 and (cache.hits, cache.misses) == (0, 0)
