@@ -43,25 +43,18 @@ from aiortc.sdp import candidate_from_sdp
 
 from myna.engines import Engine
 from myna.engines.phrase_cache import PhraseCache, warm_up
+from myna.errors import HTTPError
+from myna.events import MAX_MESSAGE_BYTES, Error, encode_event
 from myna.metrics import Metrics
 from myna.rtc.ice import rtc_configuration
-from myna.rtc.session import MAX_MESSAGE_BYTES, Session, encode_event, quote_input
-from myna.server.auth import AuthError, Authenticator, Grant, bearer_token
-from myna.server.limits import RETRY_WHEN_FULL_S, Admission, LimitExceeded, Limits, MessageRate, measure_capacity
+from myna.rtc.session import Session, quote_input
+from myna.server.auth import Authenticator, Grant, bearer_token
+from myna.server.limits import RETRY_WHEN_FULL_S, Admission, Limits, MessageRate, measure_capacity
 from myna.server.tts_stream import add_tts_stream
 
 log = logging.getLogger(__name__)
 
 WORKER_KEY = web.AppKey("worker", "Worker")
-
-
-class HTTPError(Exception):
-    """An error answered as ``{"error": {"code", "message"}}`` with an HTTP status
-    (and ``Retry-After: retry_after`` seconds when set)."""
-
-    def __init__(self, status: int, code: str, message: str, retry_after: int | None = None):
-        super().__init__(message)
-        self.status, self.code, self.message, self.retry_after = status, code, message, retry_after
 
 
 @dataclass
@@ -293,8 +286,8 @@ class Worker:
                 peer.refused_kinds.add(kind)
                 log.warning("peer %s: %s events exceed its max-message-size (%d bytes); dropped",
                             peer.pc_id, kind, peer.max_event_bytes)
-                notice = encode_event({"type": "error", "code": "event_too_large",
-                                       "message": f"{kind} events do not fit your max-message-size"}, peer.max_event_bytes)
+                notice = encode_event(Error(code="event_too_large", message=f"{kind} events do not fit your max-message-size").to_dict(),
+                                      peer.max_event_bytes)
                 if notice is not None:
                     self._send_text(peer, channel, notice)
             return
@@ -415,9 +408,9 @@ def _error_response(status: int, code: str, message: str, retry_after: int | Non
 async def _json_errors(request: web.Request, handler):
     try:
         return await handler(request)
-    except (HTTPError, AuthError, LimitExceeded) as exc:
+    except HTTPError as exc:  # also AuthError and LimitExceeded
         request.app[WORKER_KEY].metrics.errors.labels(exc.code).inc()
-        return _error_response(exc.status, exc.code, exc.message, getattr(exc, "retry_after", None))
+        return _error_response(exc.status, exc.code, exc.message, exc.retry_after)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

@@ -23,16 +23,14 @@ from dataclasses import dataclass
 import jwt
 from livekit.api import AccessToken, InferenceGrants, TokenVerifier
 
+from myna.errors import HTTPError
+
 ENGINES_ATTRIBUTE = "myna.engines"
 MAX_SESSIONS_ATTRIBUTE = "myna.max_sessions"
 
 
-class AuthError(Exception):
+class AuthError(HTTPError):
     """A refused request: HTTP ``status`` (401 or 403) and contract ``code``."""
-
-    def __init__(self, status: int, code: str, message: str):
-        super().__init__(message)
-        self.status, self.code, self.message = status, code, message
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from myna.engines import AudioChunk, Engine
+from myna.errors import HTTPError
 
 #: Seconds a refused client is told to wait when the worker or its own session cap is full
 #: (a guess: sessions last seconds to minutes; the client retries, it does not spin).
@@ -64,12 +65,8 @@ class Limits:
         return cls(None, None, None, 1, None, 1, None, None)
 
 
-class LimitExceeded(Exception):
+class LimitExceeded(HTTPError):
     """A request refused by a limit: HTTP ``status``, contract ``code``, ``retry_after`` (s)."""
-
-    def __init__(self, status: int, code: str, message: str, retry_after: int):
-        super().__init__(message)
-        self.status, self.code, self.message, self.retry_after = status, code, message, retry_after
 
 
 class TokenBucket:

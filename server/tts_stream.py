@@ -34,13 +34,14 @@ from collections import deque
 from collections.abc import Callable
 
 import numpy as np
-import soxr
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from myna.audio.onset import first_audible_sample
 from myna.audio.playout import Gaps
+from myna.audio.resample import TurnResampler
 from myna.engines import Engine
-from myna.rtc.session import MAX_MESSAGE_BYTES, BadMessage, Session, encode_event, parse_message, quote_input
+from myna.events import MAX_MESSAGE_BYTES, Error, FirstAudio, Ready, TurnDone, Word, encode_event
+from myna.rtc.session import BadMessage, Session, parse_message, quote_input
 from myna.server.auth import AuthError, Grant
 from myna.server.limits import Limits, MessageRate
 
@@ -48,7 +49,7 @@ log = logging.getLogger(__name__)
 
 PATH = "/v1/tts/stream"
 #: Largest WebSocket frame read at all (bytes); messages the contract accepts are far smaller
-#: (16 KiB, :data:`myna.rtc.session.MAX_MESSAGE_BYTES`) and get an ``error`` event when over it.
+#: (16 KiB, :data:`myna.events.MAX_MESSAGE_BYTES`) and get an ``error`` event when over it.
 MAX_FRAME_BYTES = 1024 * 1024
 #: Output rates a client may ask for (Hz).
 MIN_RATE, MAX_RATE = 8_000, 96_000
@@ -96,8 +97,8 @@ class Outbox:
         if self._audio_bytes > self._max_audio_bytes:
             self.overflowed = True
             self.drop_audio()
-            self.put_event({"type": "error", "code": "slow_consumer",
-                            "message": f"over {self._max_audio_bytes // 2**20} MiB of audio unread; closing"})
+            self.put_event(Error(code="slow_consumer",
+                                 message=f"over {self._max_audio_bytes // 2**20} MiB of audio unread; closing").to_dict())
             self._items.append(_CLOSE)
         else:  # in messages of at most 16 KiB (an even size: whole samples), like every other
             self._items.extend(pcm[i : i + MAX_MESSAGE_BYTES] for i in range(0, len(pcm), MAX_MESSAGE_BYTES))
@@ -135,13 +136,12 @@ class Outbox:
 class _StreamTurn:
     """One turn's not-yet-sent audio (int16 at the output rate) and words."""
 
-    def __init__(self, turn_id: str, text_at: float):
+    def __init__(self, turn_id: str, text_at: float, sample_rate: int):
         self.turn_id = turn_id
         self.text_at = text_at
         self.chunks: deque[np.ndarray] = deque()
         self.words: deque[tuple[int, str]] = deque()  # (sample offset at the output rate, word)
-        self.resampler: soxr.ResampleStream | None = None
-        self.in_rate: int | None = None
+        self.resampler = TurnResampler(sample_rate)
         self.sent = 0  # samples sent
         self.gaps = Gaps()
         self.underruns = 0
@@ -210,7 +210,7 @@ class StreamOutput:
 
     # -- producer side (TurnOutput) -------------------------------------------------------
     def begin_turn(self, turn_id: str, text_at: float) -> None:
-        turn = _StreamTurn(turn_id, text_at)
+        turn = _StreamTurn(turn_id, text_at, self.sample_rate)
         self._turns.append(turn)
         self._by_id[turn_id] = turn
 
@@ -218,7 +218,7 @@ class StreamOutput:
         turn = self._by_id.get(turn_id)
         if turn is None or turn.ended:
             return
-        self._append(turn, pcm, sample_rate)
+        self._append(turn, turn.resampler.resample(pcm, sample_rate))
         self._drain()
 
     def push_word(self, turn_id: str, word: str, start_ms: float) -> None:
@@ -231,13 +231,12 @@ class StreamOutput:
         turn = self._by_id.get(turn_id)
         if turn is None or turn.ended:
             return
-        if turn.resampler is not None:
-            self._append(turn, np.zeros(0, np.float32), turn.in_rate, last=True)
+        self._append(turn, turn.resampler.flush())
         turn.ended = True
         self._drain()
 
     def interrupt(self) -> list[dict]:
-        dropped = [{**self._done_event(t), "interrupted": True} for t in self._turns]
+        dropped = [self._done_event(t, interrupted=True) for t in self._turns]
         for turn in self._turns:
             if turn.held_start is not None:
                 self._unannounced[turn.turn_id] = turn.held_start
@@ -253,16 +252,9 @@ class StreamOutput:
         return max(self._clock(), self._runs_out_at) + queued / self.sample_rate
 
     # -- internals ------------------------------------------------------------------------
-    def _append(self, turn: _StreamTurn, pcm: np.ndarray, sample_rate: int, last: bool = False) -> None:
-        if turn.in_rate is None:
-            turn.in_rate = sample_rate
-            if sample_rate != self.sample_rate:
-                turn.resampler = soxr.ResampleStream(sample_rate, self.sample_rate, 1, dtype="float32", quality="HQ")
-        elif sample_rate != turn.in_rate:
-            raise ValueError(f"sample rate changed within a turn: {turn.in_rate} -> {sample_rate} Hz")
-        x = np.asarray(pcm, dtype=np.float32)
-        if turn.resampler is not None:
-            x = turn.resampler.resample_chunk(x, last=last)
+    @staticmethod
+    def _append(turn: _StreamTurn, x: np.ndarray) -> None:
+        """Queue the turn's float32 audio at the output rate as s16le."""
         if len(x):
             turn.chunks.append((np.clip(x, -1.0, 1.0) * 32767.0).astype("<i2"))
 
@@ -277,12 +269,8 @@ class StreamOutput:
                 pcm = turn.chunks.popleft()
                 if not turn.first_audio_sent and first_audible_sample(pcm, self.sample_rate) is not None:
                     turn.first_audio_sent = True
-                    self._on_event({
-                        "type": "first_audio",
-                        "turn_id": turn.turn_id,
-                        "server_ttfa_ms": round(1000.0 * (self._clock() - turn.text_at), 1),
-                        "pre_roll_ms": 0.0,
-                    })
+                    self._on_event(FirstAudio(turn_id=turn.turn_id, server_ttfa_ms=round(1000.0 * (self._clock() - turn.text_at), 1),
+                                              pre_roll_ms=0.0).to_dict())
                 self._outbox.put_audio(pcm.tobytes())
                 self._count_lateness(turn)
                 self._runs_out_at = max(self._clock(), self._runs_out_at) + len(pcm) / self.sample_rate
@@ -305,19 +293,14 @@ class StreamOutput:
         else:
             turn.underruns += 1
 
-    def _done_event(self, turn: _StreamTurn) -> dict:
-        return {"type": "turn_done", "turn_id": turn.turn_id, "audio_ms": round(1000.0 * turn.sent / self.sample_rate, 1),
-                "underruns": turn.underruns, **turn.gaps.fields()}
+    def _done_event(self, turn: _StreamTurn, interrupted: bool = False) -> dict:
+        return TurnDone(turn_id=turn.turn_id, audio_ms=round(1000.0 * turn.sent / self.sample_rate, 1),
+                        underruns=turn.underruns, **turn.gaps.fields(), interrupted=interrupted).to_dict()
 
     def _emit_words(self, turn: _StreamTurn, upto: float) -> None:
         while turn.words and turn.words[0][0] < upto:
             offset, word = turn.words.popleft()
-            self._on_event({
-                "type": "word",
-                "turn_id": turn.turn_id,
-                "word": word,
-                "start_ms": round(1000.0 * offset / self.sample_rate, 1),
-            })
+            self._on_event(Word(turn_id=turn.turn_id, word=word, start_ms=round(1000.0 * offset / self.sample_rate, 1)).to_dict())
 
 
 class StreamConnection:
@@ -348,14 +331,8 @@ class StreamConnection:
         self.session: Session | None = None  # opened by the first turn message
 
     def ready_event(self) -> dict:
-        return {
-            "type": "ready",
-            "engines": list(self._engines),
-            "engine": self.engine.name,
-            "voice": self.voice,
-            "sample_rate": self.sample_rate,
-            "scripts": sorted(self.engine.scripts),
-        }
+        return Ready(engines=list(self._engines), engine=self.engine.name, voice=self.voice,
+                     sample_rate=self.sample_rate, scripts=sorted(self.engine.scripts)).to_dict()
 
     async def run(self) -> None:
         """Serve the connection until the client closes it."""
@@ -435,7 +412,7 @@ class StreamConnection:
 
     def _error(self, code: str, message: str) -> None:
         self._metrics.errors.labels(code).inc()
-        self.outbox.put_event({"type": "error", "code": code, "message": message})
+        self.outbox.put_event(Error(code=code, message=message).to_dict())
 
     async def close(self) -> None:
         """Cancel every turn and release the engine streams (idempotent)."""

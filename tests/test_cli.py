@@ -257,9 +257,9 @@ def no_dsm_extra(uninstalled) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def light_worker(worker_process, uninstalled):
+def light_worker(start_worker, uninstalled):
     """``myna serve`` as the light install runs it: default engines, PyTorch not importable."""
-    w = worker_process(env=uninstalled(*DSM_MODULES))
+    w = start_worker(env=uninstalled(*DSM_MODULES))
     yield w
     w.stop()
 

@@ -1,7 +1,7 @@
 """Playout: engine audio of any size and rate in, 20 ms frames at 48 kHz out.
 
 One :class:`Playout` per session. Turns are queued in order; each turn's PCM is resampled to
-48 kHz by a per-turn soxr stream and buffered. The transport calls :meth:`Playout.next_frame`
+48 kHz (:class:`~myna.audio.resample.TurnResampler`) and buffered. The transport calls :meth:`Playout.next_frame`
 once per 20 ms deadline (see :class:`myna.rtc.track.PacedAudioTrack`) and always gets exactly
 960 samples: the head turn's audio, the next turn's audio without a gap once it ends, or silence
 while idle. Events (``first_audio``, ``word``, ``turn_done``) fire when the frame that carries
@@ -53,10 +53,11 @@ from collections import deque
 from collections.abc import Callable
 
 import numpy as np
-import soxr
 
 from myna.audio.onset import first_audible_sample
 from myna.audio.preroll import JitterAwarePreRoll, PreRollRule, ProducerStats
+from myna.audio.resample import TurnResampler
+from myna.events import FirstAudio, TurnDone, Word
 
 SAMPLE_RATE = 48_000
 FRAME_SAMPLES = 960  # 20 ms at 48 kHz
@@ -105,8 +106,7 @@ class _Turn:
         self.text_at = text_at  # monotonic time the first text chunk arrived (s)
         self.chunks: deque[np.ndarray] = deque()  # queued 48 kHz audio, oldest first
         self.buffered = 0  # samples queued
-        self.resampler: soxr.ResampleStream | None = None
-        self.in_rate: int | None = None
+        self.resampler = TurnResampler(SAMPLE_RATE)
         self.words: deque[tuple[int, str]] = deque()  # (sample offset at 48 kHz, word)
         self.played = 0  # samples handed out so far
         self.ended = False
@@ -128,22 +128,15 @@ class _Turn:
             self.gaps.add(self.gap_open[0] / 48.0, self.gap_open[1] / 48.0)
         self.gap_open = None
 
-    def done_event(self) -> dict:
+    def done_event(self, interrupted: bool = False) -> dict:
         """The ``turn_done`` event as of now (see the module docstring)."""
-        return {"type": "turn_done", "turn_id": self.turn_id, "audio_ms": round(self.played / 48.0, 1),
-                "underruns": self.underruns, **self.gaps.fields()}
+        return TurnDone(turn_id=self.turn_id, audio_ms=round(self.played / 48.0, 1), underruns=self.underruns,
+                        **self.gaps.fields(), interrupted=interrupted).to_dict()
 
-    def append(self, pcm: np.ndarray, sample_rate: int, last: bool = False) -> None:
-        if self.resampler is None and sample_rate != SAMPLE_RATE:
-            self.resampler = soxr.ResampleStream(sample_rate, SAMPLE_RATE, 1, dtype="float32", quality="HQ")
-            self.in_rate = sample_rate
-        if self.in_rate is not None and sample_rate != self.in_rate:
-            raise ValueError(f"sample rate changed within a turn: {self.in_rate} -> {sample_rate} Hz")
-        x = np.asarray(pcm, dtype=np.float32)
-        if self.resampler is not None:
-            x = self.resampler.resample_chunk(x, last=last)
+    def append(self, x: np.ndarray) -> None:
+        """Queue 48 kHz float32 audio ``[n]`` (kept as it is: not the caller's array)."""
         if len(x):
-            self.chunks.append(x if x is not pcm else x.copy())
+            self.chunks.append(x)
             self.buffered += len(x)
 
     def take(self, n: int) -> np.ndarray:
@@ -223,7 +216,8 @@ class Playout:
         """
         turn = self._by_id.get(turn_id)
         if turn is not None and not turn.ended:
-            turn.append(pcm, sample_rate)
+            x = turn.resampler.resample(pcm, sample_rate)
+            turn.append(x if x is not pcm else x.copy())  # (at 48 kHz already: the caller's array)
             turn.stats.add(self._clock(), len(pcm) / sample_rate)
 
     def push_word(self, turn_id: str, word: str, start_ms: float) -> None:
@@ -237,8 +231,7 @@ class Playout:
         turn = self._by_id.get(turn_id)
         if turn is None or turn.ended:
             return
-        if turn.resampler is not None:
-            turn.append(np.zeros(0, dtype=np.float32), turn.in_rate, last=True)
+        turn.append(turn.resampler.flush())
         turn.ended = True
 
     def interrupt(self) -> list[dict]:
@@ -256,7 +249,7 @@ class Playout:
         dropped = []
         for turn in self._turns:
             turn.close_gap(keep=False)
-            dropped.append({**turn.done_event(), "interrupted": True})
+            dropped.append(turn.done_event(interrupted=True))
         self._turns.clear()
         self._by_id.clear()
         return dropped
@@ -354,14 +347,8 @@ class Playout:
             onset = first_audible_sample(seg, SAMPLE_RATE)
             if onset is not None:
                 turn.first_audio_sent = True
-                self._on_event(
-                    {
-                        "type": "first_audio",
-                        "turn_id": turn.turn_id,
-                        "server_ttfa_ms": round(1000.0 * (self._clock() - turn.text_at), 1),
-                        "pre_roll_ms": turn.pre_roll_ms,
-                    }
-                )
+                self._on_event(FirstAudio(turn_id=turn.turn_id, server_ttfa_ms=round(1000.0 * (self._clock() - turn.text_at), 1),
+                                          pre_roll_ms=turn.pre_roll_ms).to_dict())
         turn.played += len(seg)
         if turn.first_audio_sent:
             self._emit_words(turn, upto=turn.played)
@@ -369,9 +356,7 @@ class Playout:
     def _emit_words(self, turn: _Turn, upto: float) -> None:
         while turn.words and turn.words[0][0] < upto:
             offset, word = turn.words.popleft()
-            self._on_event(
-                {"type": "word", "turn_id": turn.turn_id, "word": word, "start_ms": round(offset / 48.0, 1)}
-            )
+            self._on_event(Word(turn_id=turn.turn_id, word=word, start_ms=round(offset / 48.0, 1)).to_dict())
 
     def _finish(self, turn: _Turn) -> None:
         self._turns.popleft()

@@ -483,6 +483,7 @@ async def _ramp(mode: str, speaking: bool, pcm24: np.ndarray, levels: list[int],
         sys.executable, "-c", "from myna.bench.playout import _peer_farm; _peer_farm()",
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
     pcs, tracks, feeders, rows = [], [], [], []
+    late_ms: list[float] = []  # each frame's wake-up lateness in this step, all sessions (ms)
     try:
         for level in levels:
             if rows and time.monotonic() + step_s + 1.5 > until:
@@ -490,7 +491,7 @@ async def _ramp(mode: str, speaking: bool, pcm24: np.ndarray, levels: list[int],
             while len(pcs) < level:  # connect the new sessions
                 pc = RTCPeerConnection(rtc_configuration())
                 playout = Playout(lambda e: None)
-                track = PacedAudioTrack(playout, opus=opus)
+                track = PacedAudioTrack(playout, opus=opus, on_frame=lambda s: late_ms.append(1000.0 * s))
                 pc.addTrack(track)
                 await pc.setLocalDescription(await pc.createOffer())
                 proc.stdin.write((json.dumps({"sdp": pc.localDescription.sdp}) + "\n").encode())
@@ -499,29 +500,27 @@ async def _ramp(mode: str, speaking: bool, pcm24: np.ndarray, levels: list[int],
                 await pc.setRemoteDescription(RTCSessionDescription(answer["sdp"], "answer"))
                 pcs.append(pc)
                 tracks.append(track)
-                _instrument(track)
                 if speaking:
                     feeders.append(_Feeder(playout, pcm24))
             t_wait = time.monotonic() + 5
             while any(pc.connectionState != "connected" for pc in pcs) and time.monotonic() < t_wait:
                 await asyncio.sleep(0.05)
             await asyncio.sleep(0.5)  # let DTLS and the first frames settle
-            for t in tracks:
-                t.late_ms.clear()
-                t.slips = 0
+            late_ms.clear()
+            slips = sum(t.stats().slips for t in tracks)
             c0, w0, p0 = time.process_time(), time.monotonic(), _cpu_of(proc.pid)
             await asyncio.sleep(step_s)
             wall = time.monotonic() - w0
             cpu = (time.process_time() - c0) / wall
             peers_cpu = (_cpu_of(proc.pid) - p0) / wall
-            late = [x for t in tracks for x in t.late_ms]
+            late = list(late_ms)
             rows.append({
                 "sessions": level,
                 "connected": sum(pc.connectionState == "connected" for pc in pcs),
                 "frames": len(late),
                 "p50_ms": round(percentile(late, 50), 2),
                 "p99_ms": round(percentile(late, 99), 2),
-                "slips": sum(t.slips for t in tracks),
+                "slips": sum(t.stats().slips for t in tracks) - slips,
                 "worker_cpu_cores": round(cpu, 3),
                 "peers_cpu_cores": round(peers_cpu, 3),
                 "machine_load_1min": round(os.getloadavg()[0], 2),
@@ -563,19 +562,6 @@ def _cpu_of(pid: int) -> float:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
         return 0.0
-
-
-def _instrument(track) -> None:
-    """Record each frame's wake-up lateness (ms) on ``track.late_ms``."""
-    track.late_ms = []
-    inner = track.recv
-
-    async def recv():
-        out = await inner()
-        track.late_ms.append(1000.0 * track.lateness)
-        return out
-
-    track.recv = recv
 
 
 def print_capacity(cap: dict, max_p99_ms: float) -> None:

@@ -29,6 +29,7 @@ from typing import Any, AsyncIterator
 
 import numpy as np
 
+from myna.errors import MynaError
 from myna.text import Pause, Skipped, TextIntake
 from myna.text.scripts import LATIN
 
@@ -97,13 +98,8 @@ def spoken_word(word: str) -> str:
     return word.strip(".,;:!?\"'()[]{}…-—") or word
 
 
-class EngineError(Exception):
+class EngineError(MynaError):
     """A synthesis failure that ends one turn; carries a contract error ``code``."""
-
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 class SynthesisStream(abc.ABC):

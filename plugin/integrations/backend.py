@@ -8,7 +8,7 @@ they exist; :meth:`Turn.cancel` drops it at once (barge-in). A turn with nothing
 it (``"👍"``, ``"..."``) ends with no items and no error.
 
 - :class:`LocalBackend` runs an :class:`~myna.engines.Engine` in this process (by default the
-  embedded Piper voice) and resamples its output with soxr.
+  embedded Piper voice) and resamples its output (:class:`~myna.audio.resample.TurnResampler`).
 - :class:`RemoteBackend` talks to ``GET /v1/tts/stream`` on a running worker (DESIGN.md §3).
   A connection carries one turn at a time; idle connections are pooled, so a new turn
   usually starts on a warm socket (no handshake inside time to first byte).
@@ -28,11 +28,12 @@ from dataclasses import dataclass
 
 import aiohttp
 import numpy as np
-import soxr
 
 from myna.access import AccessRefused, Credentials
-from myna.engines import AudioChunk, Engine, EngineError, ErrorEvent
+from myna.audio.resample import TurnResampler
+from myna.engines import AudioChunk, Engine, ErrorEvent
 from myna.engines.base import NON_FATAL_CODES
+from myna.errors import MynaError
 from myna.text.scripts import LATIN
 
 log = logging.getLogger(__name__)
@@ -66,15 +67,6 @@ class Notice:
 
 
 TurnItem = Audio | Word | Notice
-
-
-class MynaError(Exception):
-    """A turn or connection failed; ``code`` is the contract error code (DESIGN.md §3)."""
-
-    def __init__(self, code: str, message: str):
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
 
 
 class Turn(abc.ABC):
@@ -175,11 +167,8 @@ class LocalBackend(Backend):
             await self.engine.start()
 
     async def open_turn(self) -> Turn:
-        try:
-            stream = self.engine.stream(self.voice, group=self)  # this plug-in's turns share one fair-share group
-            return _LocalTurn(stream, self.engine.sample_rate, self.sample_rate)
-        except EngineError as exc:
-            raise MynaError(exc.code, exc.message) from None
+        stream = self.engine.stream(self.voice, group=self)  # this plug-in's turns share one fair-share group
+        return _LocalTurn(stream, self.sample_rate)
 
     async def aclose(self) -> None:
         if self._owned:
@@ -187,10 +176,10 @@ class LocalBackend(Backend):
 
 
 class _LocalTurn(Turn):
-    def __init__(self, stream, in_rate: int, out_rate: int):
+    def __init__(self, stream, out_rate: int):
         self.turn_id = uuid.uuid4().hex
         self._stream = stream
-        self._resampler = None if in_rate == out_rate else soxr.ResampleStream(in_rate, out_rate, 1, dtype="float32", quality="HQ")
+        self._resampler = TurnResampler(out_rate)
 
     async def push_text(self, text: str) -> None:
         self._stream.push_text(text)
@@ -202,20 +191,19 @@ class _LocalTurn(Turn):
         self._stream.cancel()
 
     async def __aiter__(self) -> AsyncIterator[TurnItem]:
-        try:
-            async for item in self._stream:
-                if isinstance(item, AudioChunk):
-                    x = item.pcm if self._resampler is None else self._resampler.resample_chunk(item.pcm)
-                    if len(x):
-                        yield Audio(_to_s16(x))
-                elif isinstance(item, ErrorEvent):
-                    yield Notice(item.code, item.message)
-                else:
-                    yield Word(item.word, item.start_ms / 1000.0)
-        except EngineError as exc:
-            raise MynaError(exc.code, exc.message) from None
-        if self._resampler is not None and not self._stream.cancelled:
-            tail = self._resampler.resample_chunk(np.zeros(0, np.float32), last=True)
+        """Audio, words and notices; an engine's failure raises its
+        :class:`~myna.engines.EngineError` (a :class:`MynaError`)."""
+        async for item in self._stream:
+            if isinstance(item, AudioChunk):
+                x = self._resampler.resample(item.pcm, item.sample_rate)
+                if len(x):
+                    yield Audio(_to_s16(x))
+            elif isinstance(item, ErrorEvent):
+                yield Notice(item.code, item.message)
+            else:
+                yield Word(item.word, item.start_ms / 1000.0)
+        if not self._stream.cancelled:
+            tail = self._resampler.flush()
             if len(tail):
                 yield Audio(_to_s16(tail))
 

@@ -20,6 +20,10 @@ How it meets the ``tts.TTS`` contract (livekit-agents 1.x, ``livekit/agents/tts/
 - Word timings go out as ``TimedString`` s (seconds from the segment's first sample;
   ``aligned_transcript=True``).
 - :meth:`TTS.synthesize` (non-streaming) wraps a stream (``_synthesize_with_stream``).
+- The underscored names used here (``_run``, ``_input_ch``, ``_FlushSentinel``,
+  ``_mark_started``, ``_synthesize_with_stream``) are the framework's hooks for TTS subclasses,
+  not internals: ``tts.SynthesizeStream`` has no public way to read the pushed text, and every
+  TTS plug-in of livekit-agents is written against these same names.
 - Barge-in: ``aclose()`` on the stream cancels ``_run``; the Myna turn is cancelled with it
   (remote: ``interrupt`` on the turn's WebSocket, whose connection then goes back to the pool).
 - Segments with nothing to say (``"..."``, ``":)"``, ``"**"``, emoji, markup): the framework

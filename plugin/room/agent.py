@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable
 from livekit import rtc
 
 from myna.engines import Engine
+from myna.events import Error
 from myna.metrics import Metrics
 from myna.room.audio import SourceOutput, new_source
 from myna.room.routing import Router
@@ -264,8 +265,8 @@ class RoomAgent:
         if packet.topic == TOPIC_MESSAGES:
             self.router.packet(identity, packet.data)
         elif packet.topic.startswith(TOPIC_MESSAGES) and packet.topic != TOPIC_EVENTS:
-            self._deliver(identity, {"type": "error", "code": "unknown_topic", "message":
-                                     f"Myna reads data packets on topic {TOPIC_MESSAGES!r}, not {packet.topic!r}"})
+            self._deliver(identity, Error(code="unknown_topic", message=
+                                          f"Myna reads data packets on topic {TOPIC_MESSAGES!r}, not {packet.topic!r}").to_dict())
         else:
             log.debug("ignored a data packet on topic %r from %r", packet.topic, identity)
 

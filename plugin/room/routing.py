@@ -26,6 +26,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable
 
+from myna.events import Error
 from myna.rtc.session import MAX_TURN_ID, BadMessage, Session, _turn_id, parse_message
 
 log = logging.getLogger(__name__)
@@ -142,10 +143,8 @@ class Router:
         self._deliver(identity, event)
 
     def _refuse(self, identity: str, code: str, message: str, turn_id=None) -> None:
-        event = {"type": "error", "code": code, "message": message}
-        if isinstance(turn_id, str) and 0 < len(turn_id) <= MAX_TURN_ID:
-            event["turn_id"] = turn_id
-        self._deliver(identity, event)
+        valid = isinstance(turn_id, str) and 0 < len(turn_id) <= MAX_TURN_ID
+        self._deliver(identity, Error(code=code, message=message, turn_id=turn_id if valid else None).to_dict())
 
     def _session_id(self, identity: str, turn_id: str) -> str:
         key = (identity, turn_id)

@@ -66,6 +66,11 @@ def enable_loopback_candidates() -> None:
 class ConsentFreshConnection(aioice.ice.Connection):
     """An aioice connection whose consent freshness follows RFC 7675 (see the module notes).
 
+    aioice has no public hook for consent: this subclass replaces its ``query_consent`` loop and,
+    having no public view of them, reads the nominated pairs (``_nominated``) and clears the
+    loop's own task handle (``_query_consent_task``) before closing, as aioice's loop does. Both
+    names hold in the aioice versions pyproject.toml allows; tests/rtc/test_ice.py exercises both.
+
     Attributes:
         consent_timeout: seconds without any answer to a consent check after which consent is
             lost and the connection closes (class-wide default set by :func:`set_peer_timeout`).

@@ -33,13 +33,13 @@ import numpy as np
 
 from myna.audio.playout import MAX_HOLD_S, SAMPLE_RATE, Gaps, Playout
 from myna.engines import AudioChunk, Engine, EngineError, ErrorEvent, SynthesisStream
+from myna.errors import MynaError
+from myna.events import MAX_MESSAGE_BYTES, Error, Ready, TurnDone, TurnStarted
 from myna.metrics import Metrics
 from myna.rtc.track import PacedAudioTrack
 
 log = logging.getLogger(__name__)
 
-#: Largest data-channel message accepted (bytes of UTF-8).
-MAX_MESSAGE_BYTES = 16 * 1024
 #: Longest accepted ``turn_id``.
 MAX_TURN_ID = 128
 #: How many finished or interrupted turn ids a session remembers, to drop late chunks for them.
@@ -77,13 +77,8 @@ class TurnOutput(Protocol):
         """When the audio queued now will have played out (session clock, s); now when none is."""
 
 
-class BadMessage(Exception):
+class BadMessage(MynaError):
     """A client message that breaks the contract; ``code`` goes into the ``error`` event."""
-
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 @dataclass
@@ -145,7 +140,7 @@ class Session:
 
     def ready_event(self, engines: list[str]) -> dict:
         """The ``ready`` event sent when the channel opens."""
-        return {"type": "ready", "engines": engines, "engine": self.engine.name, "sample_rate": SAMPLE_RATE}
+        return Ready(engines=engines, engine=self.engine.name, sample_rate=SAMPLE_RATE).to_dict()
 
     # -- intake ---------------------------------------------------------------------------
     def handle_message(self, raw: str | bytes) -> None:
@@ -202,7 +197,7 @@ class Session:
         self._output.begin_turn(turn_id, turn.text_at)
         turn.task = asyncio.get_running_loop().create_task(self._pump(turn))
         self.metrics.turns.labels(self.engine.name).inc()
-        self.send({"type": "turn_started", "turn_id": turn_id})
+        self.send(TurnStarted(turn_id=turn_id).to_dict())
         return turn
 
     def _end_input(self, turn: _Turn) -> None:
@@ -271,8 +266,8 @@ class Session:
             log.exception("the playout could not be interrupted; replacing it")
             self.playout = self._output = self._new_playout()
             self.track.playout = self.playout
-            self._drop_turns([{"type": "turn_done", "turn_id": turn_id, "audio_ms": 0.0, "underruns": 0,
-                               **Gaps().fields(), "interrupted": True} for turn_id in self._turns])
+            self._drop_turns([TurnDone(turn_id=turn_id, audio_ms=0.0, underruns=0, **Gaps().fields(), interrupted=True).to_dict()
+                              for turn_id in self._turns])
 
     def _new_playout(self) -> Playout:
         return Playout(self._on_playout_event, clock=self.clock, max_hold_s=self.max_hold_s,
@@ -314,10 +309,7 @@ class Session:
 
     def _error(self, code: str, message: str, turn_id: str | None = None) -> None:
         self.metrics.errors.labels(code).inc()
-        event = {"type": "error", "code": code, "message": message}
-        if turn_id is not None:
-            event["turn_id"] = turn_id
-        self.send(event)
+        self.send(Error(code=code, message=message, turn_id=turn_id).to_dict())
 
     async def close(self) -> None:
         """Cancel every turn and stop the track (idempotent)."""
@@ -336,20 +328,6 @@ class Session:
         if self.track is not None:
             self.track.stop()
         self.metrics.active_sessions.dec()
-
-
-def encode_event(event: dict, max_bytes: int = MAX_MESSAGE_BYTES) -> str | None:
-    """An event as JSON text of at most ``max_bytes`` bytes (UTF-8), or None when it cannot fit.
-
-    A ``message`` too long is cut (halved until the event fits); other fields are never
-    changed (a cut ``turn_id`` or ``word`` would be wrong), so such an event does not fit.
-    """
-    text = json.dumps(event)  # ASCII only: characters are bytes
-    message = event.get("message")
-    while len(text) > max_bytes and isinstance(message, str) and message:
-        message = message[: len(message) // 2]
-        text = json.dumps({**event, "message": message + "…"})
-    return text if len(text) <= max_bytes else None
 
 
 def parse_message(raw: str | bytes) -> dict:

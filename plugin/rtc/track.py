@@ -32,6 +32,7 @@ import fractions
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import av
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
@@ -45,6 +46,25 @@ FRAME_SECONDS = FRAME_SAMPLES / SAMPLE_RATE
 TIME_BASE = fractions.Fraction(1, SAMPLE_RATE)
 #: Frames that may be sent back to back after a late wake-up before the schedule slips.
 MAX_CATCH_UP = 2
+
+
+@dataclass(frozen=True)
+class TrackStats:
+    """A :class:`PacedAudioTrack`'s pacing as of one moment (:meth:`PacedAudioTrack.stats`).
+
+    Attributes:
+        frames: frames returned so far.
+        deadline: when the last frame was due, before any re-anchoring (clock s).
+        lateness: how late the last frame's wake-up was against its deadline (s).
+        slips: times the schedule was moved forward after a late wake-up.
+        errors: frames replaced by silence because building them failed.
+    """
+
+    frames: int
+    deadline: float
+    lateness: float
+    slips: int
+    errors: int
 
 
 class PacedAudioTrack(MediaStreamTrack):
@@ -62,6 +82,9 @@ class PacedAudioTrack(MediaStreamTrack):
         on_error: called with the exception when a frame could not be built (the frame goes
             out as silence instead).
         on_frame: called with each frame's lateness against its deadline (s), for benchmarks.
+
+    Its pacing is read-only: :attr:`deadline`, :attr:`lateness`, :attr:`slips`, :attr:`errors`,
+    or all at once with :meth:`stats` (like aiortc's ``getStats()``).
     """
 
     kind = "audio"
@@ -83,12 +106,36 @@ class PacedAudioTrack(MediaStreamTrack):
         self._start: float | None = None
         self._index = 0  # frame index since the schedule's anchor
         self._pts = 0
-        self.deadline = 0.0  # when the frame just returned was due, before any re-anchoring (clock s)
-        self.lateness = 0.0  # how late this frame's wake-up was against its deadline (s)
-        self.slips = 0  # times the schedule was moved forward after a late wake-up
-        self.errors = 0  # frames replaced by silence because building them failed
+        self._deadline = 0.0
+        self._lateness = 0.0
+        self._slips = 0
+        self._errors = 0
         self._on_error = on_error
         self.on_frame = on_frame
+
+    @property
+    def deadline(self) -> float:
+        """When the frame just returned was due, before any re-anchoring (clock s)."""
+        return self._deadline
+
+    @property
+    def lateness(self) -> float:
+        """How late the last frame's wake-up was against its deadline (s)."""
+        return self._lateness
+
+    @property
+    def slips(self) -> int:
+        """Times the schedule was moved forward after a late wake-up."""
+        return self._slips
+
+    @property
+    def errors(self) -> int:
+        """Frames replaced by silence because building them failed."""
+        return self._errors
+
+    def stats(self) -> TrackStats:
+        """The pacing figures now, as one snapshot (compare two to measure an interval)."""
+        return TrackStats(self._pts // FRAME_SAMPLES, self._deadline, self._lateness, self._slips, self._errors)
 
     async def recv(self) -> av.AudioFrame | av.Packet:
         if self.readyState != "live":
@@ -97,24 +144,24 @@ class PacedAudioTrack(MediaStreamTrack):
         if self._start is None:
             self._start = now
         deadline = self._start + self._index * FRAME_SECONDS
-        self.deadline = deadline
+        self._deadline = deadline
         if deadline > now:
             await self._sleep(deadline - now)
             now = self._clock()
-        self.lateness = now - deadline
+        self._lateness = now - deadline
         if now - deadline > MAX_CATCH_UP * FRAME_SECONDS:
             # Too late to catch up without a burst: re-anchor so this frame is due now.
             self._start = now - self._index * FRAME_SECONDS
-            self.slips += 1
+            self._slips += 1
         self._index += 1
         if self.on_frame is not None:
-            self.on_frame(self.lateness)
+            self.on_frame(self._lateness)
         pts = self._pts
         self._pts += FRAME_SAMPLES
         try:
             return await self._build(pts, due=deadline)
         except Exception as exc:  # a frame is lost, never the sender
-            self.errors += 1
+            self._errors += 1
             log.exception("audio frame %d failed; sending silence", pts // FRAME_SAMPLES)
             if self._on_error is not None:
                 try:

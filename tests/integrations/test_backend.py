@@ -7,18 +7,20 @@ import socket
 
 import pytest
 
+from inprocess import app_client
 from myna.integrations.backend import Audio, MynaError, RemoteBackend, Word, create_backend
 
 pytestmark = pytest.mark.network
 
 
-async def test_remote_settings_the_worker_rejects_fail_at_start(worker):
-    for kwargs, code in (({"engine_name": "nope"}, "unknown_engine"), ({"voice": "nobody"}, "unknown_voice")):
-        backend = RemoteBackend(worker.url, **kwargs)
-        with pytest.raises(MynaError) as err:
-            await backend.start()
-        assert err.value.code == code
-        await backend.aclose()
+async def test_remote_settings_the_worker_rejects_fail_at_start():
+    async with app_client() as worker:  # tone engine, in this process
+        for kwargs, code in (({"engine_name": "nope"}, "unknown_engine"), ({"voice": "nobody"}, "unknown_voice")):
+            backend = RemoteBackend(str(worker.make_url("/")), **kwargs)
+            with pytest.raises(MynaError) as err:
+                await backend.start()
+            assert err.value.code == code
+            await backend.aclose()
 
 
 async def test_an_unreachable_worker_is_a_connection_error():

@@ -126,6 +126,25 @@ async def test_a_late_wake_up_sends_at_most_two_frames_back_to_back():
     assert pts[1] - pts[0] == pts[2] - pts[1] == 960
 
 
+async def test_pacing_is_read_only_and_one_snapshot_says_it_all():
+    track, _, vt, _ = make()
+    for _ in range(5):
+        await track.recv()
+    vt.t += 0.200  # one slip
+    await track.recv()
+    before = track.stats()
+    assert (before.frames, before.slips, before.errors) == (6, 1, 0)
+    assert (before.deadline, before.lateness) == (track.deadline, track.lateness)
+    assert before.lateness == pytest.approx(0.180)  # frame 5 was due at +100 ms, woke at +280 ms
+    await track.recv()
+    after = track.stats()
+    assert after.frames - before.frames == 1 and after.slips == before.slips  # snapshots do not move
+    assert after.deadline == pytest.approx(vt.t) and after.lateness == pytest.approx(0.0)  # on the new grid
+    for name in ("deadline", "lateness", "slips", "errors"):
+        with pytest.raises(AttributeError):
+            setattr(track, name, 0)
+
+
 async def test_a_stall_inside_the_sleep_also_sends_no_burst():
     vt = VirtualTime()
     playout = Playout(lambda e: None, clock=vt.clock)

@@ -1,0 +1,132 @@
+"""The contract's events (DESIGN.md §3): one small type each, turned into JSON in one place.
+
+The worker sends these on the data channel, the WebSocket (``/v1/tts/stream``) and in LiveKit
+rooms. Code that produces an event builds its type (``Word(turn_id=..., word=..., start_ms=...)``)
+and hands ``event.to_dict()`` to its sink; sinks pass dicts on (a transport may rewrite a
+``turn_id``), and :func:`encode_event` makes the JSON text that goes out.
+
+Keys keep the order the contract lists them in (``type`` first); an optional field
+(``error.turn_id``, ``turn_done.interrupted``, the WebSocket's ``ready.voice`` and
+``ready.scripts``) is left out while it holds its default.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from typing import ClassVar
+
+#: Largest message either way (bytes of UTF-8): client messages and events alike.
+MAX_MESSAGE_BYTES = 16 * 1024
+
+_ABSENT = object()  # an optional field that is not sent at all (also not as null)
+
+
+def _optional(default: object = _ABSENT):
+    """A field left out of :meth:`Event.to_dict` while it holds ``default``."""
+    return field(default=default, metadata={"absent": default})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    """One event the worker sends; subclasses name it in ``type``."""
+
+    type: ClassVar[str]
+
+    def to_dict(self) -> dict:
+        """The event as the JSON object the contract describes: ``type`` first, then the
+        fields in order, optional ones only when set."""
+        out = {"type": self.type}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if "absent" not in f.metadata or value is not f.metadata["absent"]:
+                out[f.name] = value
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ready(Event):
+    """The session is open: the worker's engines, the one in use and the audio rate (Hz).
+    The WebSocket's ``ready`` also carries ``voice`` (None: the default) and ``scripts``
+    (the scripts the voice reads)."""
+
+    type: ClassVar[str] = "ready"
+    engines: list[str]
+    engine: str
+    voice: str | None = _optional()
+    sample_rate: int
+    scripts: list[str] = _optional()
+
+
+@dataclass(frozen=True, kw_only=True)
+class TurnStarted(Event):
+    """A turn's first text arrived (WebSocket: the turns before it are done)."""
+
+    type: ClassVar[str] = "turn_started"
+    turn_id: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class FirstAudio(Event):
+    """The frame (or message) with the turn's first audible sample is handed out.
+
+    ``server_ttfa_ms``: first text chunk → now (ms); ``pre_roll_ms``: first audio ready → the
+    deadline of the frame that starts the turn (ms; 0 on the unpaced WebSocket)."""
+
+    type: ClassVar[str] = "first_audio"
+    turn_id: str
+    server_ttfa_ms: float
+    pre_roll_ms: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Word(Event):
+    """A word about to be heard; ``start_ms`` into the turn's audio."""
+
+    type: ClassVar[str] = "word"
+    turn_id: str
+    word: str
+    start_ms: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class TurnDone(Event):
+    """A turn's audio is all handed out (or dropped, ``interrupted``).
+
+    ``audio_ms``: audio handed out (ms); ``underruns``: starvation episodes inside a chunk;
+    ``gap_ms`` (``count``, ``total``, ``longest``) and ``gaps`` (``[start_ms, duration_ms]``),
+    as :meth:`myna.audio.playout.Gaps.fields` gives them."""
+
+    type: ClassVar[str] = "turn_done"
+    turn_id: str
+    audio_ms: float
+    underruns: int
+    gap_ms: dict
+    gaps: list
+    interrupted: bool = _optional(False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Error(Event):
+    """Bad input or a failure the session survives: a contract ``code`` and a ``message``;
+    ``turn_id`` when it concerns one turn."""
+
+    type: ClassVar[str] = "error"
+    code: str
+    message: str
+    turn_id: str | None = _optional(None)
+
+
+def encode_event(event: dict, max_bytes: int = MAX_MESSAGE_BYTES) -> str | None:
+    """An event dict as JSON text of at most ``max_bytes`` bytes (UTF-8), or None when it
+    cannot fit.
+
+    A ``message`` too long is cut (halved until the event fits); other fields are never
+    changed (a cut ``turn_id`` or ``word`` would be wrong), so such an event does not fit.
+    """
+    text = json.dumps(event)  # ASCII only: characters are bytes
+    message = event.get("message")
+    while len(text) > max_bytes and isinstance(message, str) and message:
+        message = message[: len(message) // 2]
+        text = json.dumps({**event, "message": message + "…"})
+    return text if len(text) <= max_bytes else None
