@@ -9,8 +9,9 @@ when the primary
   ``unit_failed`` error event: a unit it could not speak): reason ``error``;
 - has no first audio ``after_ms`` after the turn's first word (counted from when the
   session's previous turn finished synthesis): reason ``late``;
-- stalls: words are waiting and no audio has come for ``stall_ms`` past the moment the audio
-  already sent has played out (and past the last text, so a slow LLM is no stall): ``stall``.
+- stalls: words are waiting (or the input has ended and the turn has not) and no audio has
+  come for ``stall_ms`` past the moment the audio already sent has played out (and past the
+  last text, so a slow LLM is no stall): reason ``stall``.
 
 What was heard stays heard: a word whose :class:`~myna.engines.base.WordEvent` went out was
 spoken by the primary; the fallback starts at the first word that did not
@@ -93,9 +94,10 @@ class CircuitBreaker:
         return None
 
     def success(self) -> None:
-        """A turn was spoken by the engine: the breaker closes."""
-        self._opened_at, self._probing = None, False
-        self._recent.clear()
+        """A turn was spoken by the engine: an open or half-open breaker closes (failures of a
+        closed one keep counting within their window)."""
+        if self._opened_at is not None:
+            self._opened_at, self._probing = None, False
 
     def failure(self) -> None:
         """A turn failed on the engine: counted; a failed probe (or a failure while open)
@@ -373,8 +375,8 @@ class FallbackStream(SynthesisStream):
             if self._words_at is None or self._ready_at is None:
                 return None  # nothing to say yet, or the session's previous turn is still synthesising
             return max(self._words_at, self._ready_at) + self._engine.after_s
-        if self._words <= self._heard:
-            return None  # every word so far is out: waiting for text is no stall
+        if self._words <= self._heard and not self._input_ended:
+            return None  # every word so far is out: waiting for text is no stall (after end_turn it is)
         played_out = self._first_audio_at + self._out_ms / 1000.0  # the earliest the listener runs dry
         return max(played_out, self._progress_at or 0.0, self._last_text_at or 0.0) + self._engine.stall_s
 

@@ -61,8 +61,9 @@ class FaultyEngine(Engine):
 
 
 class FaultyStream(SynthesisStream):
-    """``inner``'s items, until the fault. Text goes to ``inner`` as it comes (None: the fault
-    comes at once)."""
+    """``inner``'s items, until the fault: at the first item after ``at_word`` words, or at the
+    inner stream's end when it has no more words. Text goes to ``inner`` as it comes (None: the
+    fault comes at once)."""
 
     def __init__(self, inner: SynthesisStream | None, fault: str | None, at_word: int):
         super().__init__()
@@ -96,22 +97,22 @@ class FaultyStream(SynthesisStream):
     async def _run(self) -> None:
         words = 0
         try:
-            if self._inner is None:  # at once
-                if self._fault == "raise":
-                    self._fail(EngineError("engine_failed", "injected fault before any synthesis"))
-                    return
-                await asyncio.Event().wait()
-            async for item in self._inner:
-                at_fault = words >= self._at_word and (self._at_word == 0 or isinstance(item, WordEvent))
-                if self._fault is not None and at_fault:
-                    self._inner.cancel()
-                    if self._fault == "raise":
-                        self._fail(EngineError("engine_failed", f"injected fault after {words} words"))
+            if self._inner is not None:
+                async for item in self._inner:
+                    at_fault = words >= self._at_word and (self._at_word == 0 or isinstance(item, WordEvent))
+                    if self._fault is not None and at_fault:
+                        break
+                    words += isinstance(item, WordEvent)
+                    self._emit(item)
+                else:
+                    if self._fault is None or words < self._at_word:
+                        self._finish()
                         return
-                    await asyncio.Event().wait()  # hang: nothing more, until cancelled
-                words += isinstance(item, WordEvent)
-                self._emit(item)
-            self._finish()
+                self._inner.cancel()  # (the fault may come at the inner stream's end: after its last word)
+            if self._fault == "raise":
+                self._fail(EngineError("engine_failed", f"injected fault after {words} words"))
+                return
+            await asyncio.Event().wait()  # hang: nothing more, until cancelled
         except asyncio.CancelledError:
             pass
         except Exception as exc:

@@ -373,3 +373,28 @@ def test_bad_fallback_options_fail_in_one_line(capsys, argv, message):
     with pytest.raises(SystemExit) as exit:
         main(["serve", "--port", "1", *argv])
     assert message in f"{exit.value.code} {capsys.readouterr().err}"
+
+
+async def test_a_primary_that_hangs_after_its_last_word_is_ended_by_the_stall_deadline():
+    timer = ManualTimer()
+    engine, _, _ = engines(None, 0, timer, stall_ms=1000)
+    hung = FaultyEngine(ToneEngine("primary"), "hang", 6)  # all six words out, then the stream never ends
+    engine.primary = hung
+    stream = engine.stream(group=object())
+    stream.push_text(TEXT)
+    stream.end_input()
+    await settle()
+    timer.advance(6 * 0.12 + 1.01)
+    items = await collect(stream)
+    assert spoken(items) == WORDS and switches(items) == [FallbackEvent("primary", "backup", "stall", 6)]
+
+
+def test_a_closed_breaker_counts_failures_in_the_window_whatever_succeeded_between():
+    timer = ManualTimer()
+    breaker = CircuitBreaker(failures=3, window_s=60.0, clock=timer.clock)
+    for _ in range(2):
+        breaker.failure()
+        breaker.success()
+        timer.advance(1.0)
+    breaker.failure()
+    assert breaker.state == "open"
