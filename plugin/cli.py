@@ -50,6 +50,16 @@ def _engines(names: str, dsm: dict | None = None) -> dict:
     return engines
 
 
+def _with_fallback(engines: dict, fallback: str, after_ms: float, stall_ms: float) -> dict:
+    """``engines`` with every engine but ``fallback`` wrapped in a
+    :class:`~myna.engines.fallback.FallbackEngine` in front of it."""
+    from myna.engines.fallback import FallbackEngine
+
+    return {name: engine if name == fallback else
+            FallbackEngine(engine, engines[fallback], after_ms=after_ms, stall_ms=stall_ms)
+            for name, engine in engines.items()}
+
+
 def _add_dsm_options(p, voice: bool = True) -> None:
     g = p.add_argument_group("dsm engine")
     g.add_argument("--dsm-checkpoint", metavar="PATH_OR_REPO", help="DSM TTS checkpoint folder or Hugging Face repo id")
@@ -85,6 +95,16 @@ def _add_serve(sub) -> None:
                    help="the longest a turn's ready first audio may be held before it plays (default: %(default)s; "
                         "reported as first_audio.pre_roll_ms)")
     _add_phrase_cache_options(p)
+    g = p.add_argument_group("fallback")
+    from myna.engines import ENGINE_NAMES
+
+    g.add_argument("--fallback", metavar="ENGINE", choices=ENGINE_NAMES,
+                   help="every other loaded engine falls back to ENGINE (loaded too if not in --engine) when it "
+                        "fails, starts late or stalls mid-turn; the rest of the turn is spoken by ENGINE")
+    g.add_argument("--fallback-after-ms", type=_non_negative_ms, default=500.0, metavar="MS",
+                   help="a turn's first audio is late after MS from its first word (default: %(default)s)")
+    g.add_argument("--fallback-stall-ms", type=_non_negative_ms, default=1000.0, metavar="MS",
+                   help="silence mid-turn, while words wait, before the switch (default: %(default)s)")
     _add_access_options(p)
     _add_dsm_options(p)
     p.add_argument("--livekit-url", metavar="WS_URL", help="add the page's \"via LiveKit room\" lane through this LiveKit "
@@ -202,7 +222,16 @@ def _serve(args: argparse.Namespace) -> int:
         enable_loopback_candidates()
     set_peer_timeout(args.peer_timeout)
     cache, warm = _phrase_cache(args)
-    worker = Worker(engines=_engines(args.engine, _dsm_options(args)), ice_servers=args.ice_server,
+    names = args.engine
+    listed = [n.strip() for n in names.split(",") if n.strip()]
+    if args.fallback and not set(listed) - {args.fallback}:
+        raise SystemExit(f"myna serve: --fallback {args.fallback}: no other engine in --engine to fall back from")
+    if args.fallback and args.fallback not in listed:
+        names += f",{args.fallback}"  # loaded after the others: the first stays the default
+    engines = _engines(names, _dsm_options(args))
+    if args.fallback:
+        engines = _with_fallback(engines, args.fallback, args.fallback_after_ms, args.fallback_stall_ms)
+    worker = Worker(engines=engines, ice_servers=args.ice_server,
                     connect_timeout=args.connect_timeout, max_hold_ms=args.max_hold_ms, limits=_limits(args),
                     auth=Authenticator(*keys) if all(keys) else None, measure_capacity=args.max_sessions is None,
                     phrase_cache=cache, warm_phrases=warm)

@@ -40,7 +40,7 @@ class Event:
         for f in fields(self):
             value = getattr(self, f.name)
             if "absent" not in f.metadata or value is not f.metadata["absent"]:
-                out[f.name] = value
+                out[f.metadata.get("key", f.name)] = value
         return out
 
 
@@ -115,6 +115,20 @@ class Error(Event):
     code: str
     message: str
     turn_id: str | None = _optional(None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fallback(Event):
+    """A turn switched engines (:mod:`myna.engines.fallback`): ``from`` and ``to`` name the
+    engines, ``reason`` is ``error``, ``late``, ``stall`` or ``open`` (the primary's circuit
+    breaker is open), ``at_word`` the index of the first word the new engine speaks."""
+
+    type: ClassVar[str] = "fallback"
+    turn_id: str
+    from_engine: str = field(metadata={"key": "from"})
+    to_engine: str = field(metadata={"key": "to"})
+    reason: str
+    at_word: int
 
 
 def encode_event(event: dict, max_bytes: int = MAX_MESSAGE_BYTES) -> str | None:

@@ -32,6 +32,10 @@ class Metrics:
         errors: ``error`` events and HTTP errors sent, by contract ``code`` (refusals too:
             ``full``, ``rate_limited``, ``token_required``, ...).
         events_dropped: events not sent, by reason (``too_large`` for the peer, ``send_failed``).
+        fallbacks: turns (or their rest) moved to a fallback engine, by ``from`` and ``to``
+            engine and ``reason`` (``error``, ``late``, ``stall``, ``open``).
+        breaker: each fallback-wrapped engine's circuit breaker, by ``engine``: 0 closed,
+            1 half-open, 2 open (:class:`myna.engines.fallback.CircuitBreaker`).
         limit: the worker's limits, by name (``max_sessions``, ``offer_rate``, ...).
         draining: 1 while draining.
 
@@ -70,6 +74,10 @@ class Metrics:
         self.errors = Counter("myna_errors", "Errors reported to clients", ["code"], registry=self.registry)
         self.events_dropped = Counter("myna_events_dropped", "Events that could not be sent to a client",
                                       ["reason"], registry=self.registry)
+        self.fallbacks = Counter("myna_fallbacks", "Turns moved to a fallback engine", ["from", "to", "reason"],
+                                 registry=self.registry)
+        self.breaker = Gauge("myna_breaker_state", "Circuit breaker of an engine: 0 closed, 1 half-open, 2 open",
+                             ["engine"], registry=self.registry)
         self.limit = Gauge("myna_limit", "Configured limits (myna serve flags)", ["name"], registry=self.registry)
         self.draining = Gauge("myna_draining", "1 while the worker drains before exiting", registry=self.registry)
 

@@ -45,6 +45,7 @@ from myna.engines import Engine
 from myna.engines.phrase_cache import PhraseCache, warm_up
 from myna.errors import HTTPError
 from myna.events import MAX_MESSAGE_BYTES, Error, encode_event
+from myna.engines.fallback import FallbackEngine
 from myna.metrics import Metrics
 from myna.rtc.ice import rtc_configuration
 from myna.rtc.session import Session, quote_input
@@ -160,6 +161,11 @@ class Worker:
             raise HTTPError(503, "not_ready", "the worker is still loading its engines")
         self.admission.admit(client, grant.max_sessions if grant is not None else None)
         return self.admission.hold(client)
+
+    def breakers(self) -> dict[str, str]:
+        """The circuit breaker state of each engine with a fallback (``closed``, ``open``,
+        ``half_open``; :class:`myna.engines.fallback.CircuitBreaker`), by engine name."""
+        return {name: engine.breaker.state for name, engine in self.engines.items() if isinstance(engine, FallbackEngine)}
 
     def sessions(self) -> list[Session]:
         """Every open session, WebRTC and WebSocket."""
@@ -387,6 +393,10 @@ class Worker:
             await engine.close()
 
 
+#: ``myna_breaker_state`` of each breaker state.
+_BREAKER_LEVELS = {"closed": 0, "half_open": 1, "open": 2}
+
+
 def _nothing() -> None:
     """A release function with nothing left to release."""
 
@@ -462,7 +472,7 @@ async def _healthz(request: web.Request) -> web.Response:
     elif worker.admission.full:
         status, headers = "full", {"Retry-After": str(RETRY_WHEN_FULL_S)}
     body = {"status": status, "engines": list(worker.engines), "sessions": worker.admission.total,
-            "max_sessions": worker.limits.max_sessions, "auth": worker.auth is not None}
+            "max_sessions": worker.limits.max_sessions, "auth": worker.auth is not None, "breakers": worker.breakers()}
     return web.json_response(body, status=200 if status == "ready" else 503, headers=headers)
 
 
@@ -472,7 +482,10 @@ async def _livez(request: web.Request) -> web.Response:
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    metrics = request.app[WORKER_KEY].metrics
+    worker = request.app[WORKER_KEY]
+    metrics = worker.metrics
+    for name, state in worker.breakers().items():
+        metrics.breaker.labels(name).set(_BREAKER_LEVELS[state])
     return web.Response(body=metrics.render(), headers={"Content-Type": metrics.content_type})
 
 

@@ -3,6 +3,7 @@
 ``ToneEngine`` says each word as a 440 Hz tone of ``word_ms`` (default 120 ms) and emits a
 ``WordEvent`` per word; ``pcm`` lets a test hand out chunks of any shape (a broken engine).
 :func:`app_client` serves the worker's app with such engines to aiohttp's test client.
+``ManualTimer`` is a virtual clock and ``call_later`` for streams.
 """
 
 from __future__ import annotations
@@ -57,3 +58,40 @@ async def app_client(*engines: Engine) -> AsyncIterator[TestClient]:
     async with TestClient(TestServer(create_app(worker))) as client:
         await worker.loading
         yield client
+
+
+class ManualTimer:
+    """A virtual clock and ``call_later`` for a stream: time moves only when the test says."""
+
+    def __init__(self):
+        self.now = 0.0
+        self.due: list[tuple[float, object]] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def call_later(self, delay, callback):
+        entry = [self.now + delay, callback]
+        self.due.append(entry)
+        return _Handle(self.due, entry)
+
+    def advance(self, seconds: float) -> None:
+        end = self.now + seconds
+        while True:
+            ready = sorted((e for e in self.due if e[0] <= end), key=lambda e: e[0])
+            if not ready:
+                break
+            entry = ready[0]
+            self.due.remove(entry)
+            self.now = max(self.now, entry[0])
+            entry[1]()
+        self.now = end
+
+
+class _Handle:
+    def __init__(self, due, entry):
+        self._due, self._entry = due, entry
+
+    def cancel(self):
+        if self._entry in self._due:
+            self._due.remove(self._entry)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from myna.events import Error, FirstAudio, Ready, TurnDone, TurnStarted, Word, encode_event
+from myna.events import Error, Fallback, FirstAudio, Ready, TurnDone, TurnStarted, Word, encode_event
 
 GAPS = {"gap_ms": {"count": 1, "total": 40.0, "longest": 40.0}, "gaps": [[120.0, 40.0]]}
 
@@ -27,6 +27,8 @@ GAPS = {"gap_ms": {"count": 1, "total": 40.0, "longest": 40.0}, "gaps": [[120.0,
     (TurnDone(turn_id="t1", audio_ms=20.0, underruns=1, **GAPS, interrupted=True),
      '{"type": "turn_done", "turn_id": "t1", "audio_ms": 20.0, "underruns": 1, '
      '"gap_ms": {"count": 1, "total": 40.0, "longest": 40.0}, "gaps": [[120.0, 40.0]], "interrupted": true}'),
+    (Fallback(turn_id="t1", from_engine="dsm", to_engine="piper", reason="stall", at_word=3),
+     '{"type": "fallback", "turn_id": "t1", "from": "dsm", "to": "piper", "reason": "stall", "at_word": 3}'),
     (Error(code="bad_json", message="message is not valid JSON"),
      '{"type": "error", "code": "bad_json", "message": "message is not valid JSON"}'),
     (Error(code="unsupported_language", message="left out", turn_id="t1"),

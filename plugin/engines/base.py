@@ -70,7 +70,7 @@ class WordEvent:
 
 #: Error codes a turn survives (:class:`ErrorEvent`): the ``error`` event is followed by the
 #: rest of the turn's audio and its ``turn_done``.
-NON_FATAL_CODES = frozenset({"unsupported_language"})
+NON_FATAL_CODES = frozenset({"unsupported_language", "unit_failed"})
 
 
 @dataclass(frozen=True)
@@ -79,14 +79,36 @@ class ErrorEvent:
     (``code``, ``message``) and the rest of the turn is spoken.
 
     Codes (:data:`NON_FATAL_CODES`): ``unsupported_language`` (words in a script the voice
-    cannot read were left out; the message names the script).
+    cannot read were left out; the message names the script), ``unit_failed`` (one unit's
+    synthesis failed twice: its words were left out, the units after it are spoken).
     """
 
     code: str
     message: str
 
 
-StreamItem = AudioChunk | WordEvent | ErrorEvent
+@dataclass(frozen=True)
+class FallbackEvent:
+    """The turn moved to another engine (:mod:`myna.engines.fallback`); the client gets a
+    ``fallback`` event.
+
+    Attributes:
+        from_engine: the engine that was to speak the turn.
+        to_engine: the engine speaking the rest of it.
+        reason: ``error`` (the engine failed), ``late`` (no first audio by the deadline),
+            ``stall`` (no audio for the stall deadline mid-turn) or ``open`` (the engine is out
+            of rotation after repeated failures: the whole turn goes to ``to_engine``).
+        at_word: index in the turn of the first word ``to_engine`` speaks (the words before it
+            were heard from ``from_engine``).
+    """
+
+    from_engine: str
+    to_engine: str
+    reason: str
+    at_word: int
+
+
+StreamItem = AudioChunk | WordEvent | ErrorEvent | FallbackEvent
 
 
 def spoken_word(word: str) -> str:
@@ -165,6 +187,24 @@ class SynthesisStream(abc.ABC):
         self._disarm()
         self._on_cancel()
         self._finish()
+
+    def resume(self, items: list, intake: TextIntake, quiet_for: float | None) -> None:
+        """Take over a turn part-way (another engine's turn, :mod:`myna.engines.fallback`).
+
+        Call once, before :meth:`push_text`. Later chunks continue the turn's text as usual.
+
+        Args:
+            items: the turn's intake items not yet spoken, in order: words (str) and
+                :class:`myna.text.Pause`.
+            intake: the turn's intake as it stands (a copy): it holds the text still
+                incomplete (a partial word, a line start, an unfinished tag).
+            quiet_for: how long ago the last chunk came (s), or None when the text has been
+                quiet for the quiet time already (what waited for more text is complete).
+        """
+        self._intake = intake
+        self._take(items)
+        self._text_at = None if quiet_for is None else self._clock() - quiet_for
+        self._arm()
 
     @property
     def cancelled(self) -> bool:

@@ -48,7 +48,8 @@ from pathlib import Path
 
 import numpy as np
 
-from myna.engines.base import AudioChunk, Engine, EngineError, StreamItem, SynthesisStream, WordEvent, spoken_word
+from myna.engines.base import (AudioChunk, Engine, EngineError, ErrorEvent, StreamItem, SynthesisStream, WordEvent,
+                               spoken_word)
 from myna.engines.scheduler import HORIZON_S, MAX_JOB_S, ComputeCost, DeadlineScheduler
 from myna.text import ClauseChunker, Pause, SentenceChunker, WholeChunker
 from myna.text.normalise import ends_clause
@@ -477,7 +478,10 @@ class PiperStream(SynthesisStream):
                         turn_ms, tail_ms, lead_ms = turn_ms + 1000.0 * len(pcm) / rate, 0.0, JOIN_LEAD_MS
                     continue
                 for job in unit.split(self._engine.max_job_chars()):
-                    pcm, starts = await self._engine.synthesize(job.text, deadline=self._deadline(), owner=self)
+                    synthesised = await self._synthesize(job, held)
+                    if synthesised is None:
+                        continue  # left out (an error event says so); the rest of the turn is spoken
+                    pcm, starts = synthesised
                     if lead_ms is not None:
                         pcm, trimmed_ms = _trim_lead_in(pcm, rate, lead_ms)
                         starts = [max(0.0, s - trimmed_ms) for s in starts]
@@ -494,12 +498,28 @@ class PiperStream(SynthesisStream):
             self._emit_all(held)
         except asyncio.CancelledError:
             pass
-        except Exception as exc:  # an engine failure ends this turn only
+        except Exception as exc:  # a failure outside a unit's synthesis ends this turn only
             log.exception("piper synthesis failed")
             self._fail(EngineError("engine_failed", f"piper synthesis failed: {exc}"))
         finally:
             self._release()
             self._finish()
+
+    async def _synthesize(self, job: _Unit, held: list[StreamItem]) -> tuple[np.ndarray, list[float]] | None:
+        """A job's ``(pcm, word_starts_ms)`` (:meth:`PiperEngine.synthesize`). A failure (any
+        exception) is retried once; when the retry fails too, the job's words are left out and
+        an :class:`ErrorEvent` ``unit_failed`` says so (None): one unit never ends the turn."""
+        for attempt in (1, 2):
+            try:
+                return await self._engine.synthesize(job.text, deadline=self._deadline(), owner=self)
+            except Exception as exc:
+                log.warning("piper synthesis of a unit failed (attempt %d of 2): %s", attempt, exc, exc_info=attempt == 2)
+                error = exc
+        text = " ".join(job.words)
+        await self._out([ErrorEvent("unit_failed", f"piper could not synthesise {text[:60]!r}"
+                                                   f"{'…' if len(text) > 60 else ''} ({error}); those words were "
+                                                   "left out, the rest of the turn is spoken")], held)
+        return None
 
     async def _out(self, items: list[StreamItem], held: list[StreamItem]) -> None:
         """Emit a job's items, or hold them until the turn's end (``release_at_end``)."""

@@ -32,9 +32,9 @@ from typing import Protocol
 import numpy as np
 
 from myna.audio.playout import MAX_HOLD_S, SAMPLE_RATE, Gaps, Playout
-from myna.engines import AudioChunk, Engine, EngineError, ErrorEvent, SynthesisStream
+from myna.engines import AudioChunk, Engine, EngineError, ErrorEvent, FallbackEvent, SynthesisStream
 from myna.errors import MynaError
-from myna.events import MAX_MESSAGE_BYTES, Error, Ready, TurnDone, TurnStarted
+from myna.events import MAX_MESSAGE_BYTES, Error, Fallback, Ready, TurnDone, TurnStarted
 from myna.metrics import Metrics
 from myna.rtc.track import PacedAudioTrack
 
@@ -237,6 +237,8 @@ class Session:
                         self._output.push_audio(turn.turn_id, pcm, item.sample_rate)
                 elif isinstance(item, ErrorEvent):  # part of the turn left out; the rest is spoken
                     self._error(item.code, item.message, turn_id=turn.turn_id)
+                elif isinstance(item, FallbackEvent):  # another engine speaks the rest of the turn
+                    self._fallback(item, turn.turn_id)
                 else:
                     self._output.push_word(turn.turn_id, item.word, item.start_ms)
         except EngineError as exc:
@@ -306,6 +308,11 @@ class Session:
         if done["gap_ms"]["count"]:
             self.metrics.gaps.labels(self.engine.name).inc(done["gap_ms"]["count"])
             self.metrics.gap_seconds.labels(self.engine.name).inc(done["gap_ms"]["total"] / 1000.0)
+
+    def _fallback(self, switch: FallbackEvent, turn_id: str) -> None:
+        self.metrics.fallbacks.labels(switch.from_engine, switch.to_engine, switch.reason).inc()
+        self.send(Fallback(turn_id=turn_id, from_engine=switch.from_engine, to_engine=switch.to_engine,
+                           reason=switch.reason, at_word=switch.at_word).to_dict())
 
     def _error(self, code: str, message: str, turn_id: str | None = None) -> None:
         self.metrics.errors.labels(code).inc()

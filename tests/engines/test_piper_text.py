@@ -13,6 +13,8 @@ import pytest_asyncio
 from myna.engines import AudioChunk, ErrorEvent, WordEvent
 from myna.engines.piper import STRATEGIES, PiperEngine, PiperStream
 
+from inprocess import ManualTimer
+
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 #: A pause is this long or longer (ms); shorter silences are the voice's own (stop closures).
@@ -27,43 +29,6 @@ async def engine():
     await e.start()
     yield e
     await e.close()
-
-
-class ManualTimer:
-    """A virtual clock and ``call_later`` for a stream: time moves only when the test says."""
-
-    def __init__(self):
-        self.now = 0.0
-        self.due: list[tuple[float, object]] = []
-
-    def clock(self) -> float:
-        return self.now
-
-    def call_later(self, delay, callback):
-        entry = [self.now + delay, callback]
-        self.due.append(entry)
-        return _Handle(self.due, entry)
-
-    def advance(self, seconds: float) -> None:
-        end = self.now + seconds
-        while True:
-            ready = sorted((e for e in self.due if e[0] <= end), key=lambda e: e[0])
-            if not ready:
-                break
-            entry = ready[0]
-            self.due.remove(entry)
-            self.now = max(self.now, entry[0])
-            entry[1]()
-        self.now = end
-
-
-class _Handle:
-    def __init__(self, due, entry):
-        self._due, self._entry = due, entry
-
-    def cancel(self):
-        if self._entry in self._due:
-            self._due.remove(self._entry)
 
 
 async def run(stream, chunks, end: bool = True, timeout: float = 60.0):

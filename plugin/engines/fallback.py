@@ -1,0 +1,410 @@
+"""Fallback: a turn its engine cannot speak, or not in time, is finished by another engine.
+
+``myna serve --engine dsm --fallback piper`` wraps the DSM engine in a :class:`FallbackEngine`.
+Sessions see one engine (its name, voices and sample rate are the primary's); each turn's
+:class:`FallbackStream` drives the primary's stream and moves the turn to the fallback engine
+when the primary
+
+- fails (:class:`~myna.engines.base.EngineError` or any exception from its stream, or an
+  ``unit_failed`` error event: a unit it could not speak): reason ``error``;
+- has no first audio ``after_ms`` after the turn's first word (counted from when the
+  session's previous turn finished synthesis): reason ``late``;
+- stalls: words are waiting (or the input has ended and the turn has not) and no audio has
+  come for ``stall_ms`` past the moment the audio already sent has played out (and past the
+  last text, so a slow LLM is no stall): reason ``stall``.
+
+What was heard stays heard: a word whose :class:`~myna.engines.base.WordEvent` went out was
+spoken by the primary; the fallback starts at the first word that did not
+(:meth:`~myna.engines.base.SynthesisStream.resume`, with a copy of the turn's text intake, so
+the text still arriving goes on where it stands and every word is spoken once). Its audio is
+resampled to the primary's rate and its word times continue the turn's. The stream emits a
+:class:`~myna.engines.base.FallbackEvent` (the session's ``fallback`` event) at the switch.
+
+A primary that keeps failing is taken out of rotation by a :class:`CircuitBreaker` (closed →
+open after ``failures`` failures within ``window_s``; after ``cooldown_s`` half-open: the next
+turn probes the primary, the others go to the fallback; a probe that speaks its turn closes the
+breaker, one that fails opens it again). While it is open, turns go straight to the fallback
+(reason ``open``); sessions keep asking for the primary, so they get its voice back with the
+first turn after it recovers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from myna.engines.base import (AudioChunk, Engine, EngineError, ErrorEvent, FallbackEvent, StreamItem, SynthesisStream,
+                               WordEvent)
+from myna.text import Pause
+
+log = logging.getLogger(__name__)
+
+#: Default deadline of a turn's first audio from the primary (ms; ``--fallback-after-ms``).
+AFTER_MS = 500.0
+#: Default longest silence mid-turn, past the audio already sent, before the switch (ms).
+STALL_MS = 1000.0
+
+
+class CircuitBreaker:
+    """Whether new turns may use an engine that has been failing (closed / open / half-open).
+
+    Args:
+        failures: failures within ``window_s`` that open the breaker.
+        window_s: how far back failures count (s).
+        cooldown_s: how long the breaker stays open before a turn probes the engine (s).
+        clock: monotonic clock (s).
+    """
+
+    CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
+
+    def __init__(self, failures: int = 3, window_s: float = 60.0, cooldown_s: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic):
+        if failures < 1:
+            raise ValueError("failures must be at least 1")
+        self.failures, self.window_s, self.cooldown_s = failures, window_s, cooldown_s
+        self._clock = clock
+        self._recent: deque[float] = deque()  # failure times within the window (closed)
+        self._opened_at: float | None = None  # None: closed
+        self._probing = False  # a half-open probe turn is in flight
+
+    @property
+    def state(self) -> str:
+        """``closed``, ``open`` or ``half_open`` (the cool-down has passed: the next turn probes)."""
+        if self._opened_at is None:
+            return self.CLOSED
+        return self.HALF_OPEN if self._clock() >= self._opened_at + self.cooldown_s else self.OPEN
+
+    def admit(self) -> str | None:
+        """A new turn asks for the engine: ``closed`` (use it), ``half_open`` (use it as the
+        probe; report with :meth:`success`, :meth:`failure` or :meth:`release`), or None (use
+        the fallback: open, or another turn is probing)."""
+        state = self.state
+        if state == self.CLOSED:
+            return state
+        if state == self.HALF_OPEN and not self._probing:
+            self._probing = True
+            return state
+        return None
+
+    def success(self) -> None:
+        """A turn was spoken by the engine: an open or half-open breaker closes (failures of a
+        closed one keep counting within their window)."""
+        if self._opened_at is not None:
+            self._opened_at, self._probing = None, False
+
+    def failure(self) -> None:
+        """A turn failed on the engine: counted; a failed probe (or a failure while open)
+        opens the breaker again for a full cool-down."""
+        now = self._clock()
+        if self._opened_at is not None:
+            self._opened_at, self._probing = now, False
+            return
+        self._recent.append(now)
+        while self._recent and self._recent[0] < now - self.window_s:
+            self._recent.popleft()
+        if len(self._recent) >= self.failures:
+            self._opened_at = now
+            self._recent.clear()
+            log.warning("circuit breaker open: %d failures within %.0f s; new turns go to the fallback for %.0f s",
+                        self.failures, self.window_s, self.cooldown_s)
+
+    def release(self) -> None:
+        """A probe turn ended with no verdict (interrupted): the next turn probes instead."""
+        self._probing = False
+
+
+class FallbackEngine(Engine):
+    """``primary`` with ``fallback`` behind it (see the module docstring).
+
+    Args:
+        primary: the engine sessions ask for (its name, voices, rate and chunk kind are used).
+        fallback: a loaded engine that finishes the turns the primary cannot.
+        after_ms: deadline of a turn's first audio from the primary (ms).
+        stall_ms: longest silence mid-turn, past the audio already sent, before the switch (ms).
+        breaker: the primary's circuit breaker (default :class:`CircuitBreaker` ()).
+        clock, call_later: the streams' clock and timer (tests pass a manual timer; see
+            :class:`~myna.engines.base.SynthesisStream`).
+    """
+
+    def __init__(self, primary: Engine, fallback: Engine, *, after_ms: float = AFTER_MS, stall_ms: float = STALL_MS,
+                 breaker: CircuitBreaker | None = None, clock: Callable[[], float] | None = None,
+                 call_later: Callable[[float, Callable[[], None]], Any] | None = None):
+        if primary is fallback:
+            raise ValueError(f"{primary.name} cannot fall back to itself")
+        self.primary, self.fallback = primary, fallback
+        self.name = primary.name
+        self.chunks_end_at_words = primary.chunks_end_at_words
+        self.scripts = primary.scripts
+        self.after_s, self.stall_s = after_ms / 1000.0, stall_ms / 1000.0
+        self.breaker = breaker or CircuitBreaker()
+        self.clock, self.call_later = clock, call_later
+        self._group_tails: dict[object, asyncio.Future] = {}  # each group's last turn
+
+    @property
+    def sample_rate(self) -> int:  # the primary's, known once it has loaded (DSM)
+        return self.primary.sample_rate
+
+    @property
+    def voices(self) -> list[str]:
+        return self.primary.voices
+
+    async def start(self) -> None:
+        await self.primary.start()
+        await self.fallback.start()
+
+    async def close(self) -> None:
+        await self.primary.close()  # the fallback is a loaded engine of its own: closed as such
+
+    def stream(self, voice: str | None = None, group: object = None) -> "FallbackStream":
+        if voice not in (None, *self.voices):
+            raise EngineError("unknown_voice", f"{self.name} has no voice {voice!r}; available: {', '.join(self.voices)}")
+        return FallbackStream(self, voice, group)
+
+
+class FallbackStream(SynthesisStream):
+    """One turn on a :class:`FallbackEngine`: the primary's stream, switched to the fallback's
+    when it fails, starts late or stalls (see the module docstring).
+
+    The stream's own intake tracks the turn's words and pauses (the items to resume from);
+    the text itself goes to the active engine's stream as it comes.
+    """
+
+    def __init__(self, engine: FallbackEngine, voice: str | None, group: object):
+        super().__init__(scripts=engine.scripts, clock=engine.clock, call_later=engine.call_later)
+        self._engine = engine
+        self._group = group
+        self._items: list[str | Pause] = []  # the turn's words and pauses so far, in order
+        self._words = 0  # words among them
+        self._heard = 0  # word events sent (words spoken by the engine that sent them)
+        self._words_out: deque[WordEvent] = deque()  # word events waiting for their audio
+        self._out_ms = 0.0  # audio sent (ms at the primary's rate)
+        self._offset_ms = 0.0  # where the fallback's audio starts in the turn (ms)
+        self._first_audio_at: float | None = None
+        self._progress_at: float | None = None  # the last item from the active engine
+        self._last_text_at: float | None = None
+        self._words_at: float | None = None  # the turn's first word
+        self._resampler = None  # fallback rate → primary rate
+        self._watchdog = None
+        self._switched = False
+        self._done = self._loop.create_future()  # this turn is finished (the next one's late clock starts)
+        previous = engine._group_tails.get(group) if group is not None else None
+        self._ready_at: float | None = None  # the group's previous turn finished
+        if group is not None:
+            engine._group_tails[group] = self._done
+            self._done.add_done_callback(lambda _: engine._group_tails.get(group) is self._done
+                                         and engine._group_tails.pop(group))
+        if previous is None or previous.done():
+            self._ready_at = self._now()
+        else:
+            previous.add_done_callback(self._previous_done)
+        self._admitted = engine.breaker.admit()
+        reason = "open" if self._admitted is None else None
+        if reason is None:
+            try:
+                self._active = engine.primary.stream(voice, group)
+            except Exception as exc:  # e.g. the primary's loop is gone: a failure like any other
+                log.warning("%s could not open a turn, using %s: %s", engine.primary.name, engine.fallback.name, exc)
+                engine.breaker.failure()
+                reason = "error"
+        if reason is not None:
+            self._switched = True
+            self._active = engine.fallback.stream(None, group)
+            self._emit(FallbackEvent(engine.primary.name, engine.fallback.name, reason, 0))
+        self._task = self._loop.create_task(self._run())
+
+    # -- text in: to the active engine, and tracked -------------------------------------------
+    def push_text(self, chunk: str) -> None:
+        self._last_text_at = self._now()
+        super().push_text(chunk)
+        self._active.push_text(chunk)
+
+    def _take(self, items) -> None:
+        """Track words and pauses; the active engine reports left-out scripts itself."""
+        for item in items:
+            if isinstance(item, (str, Pause)):
+                self._items.append(item)
+                if isinstance(item, str):
+                    self._words += 1
+                    self._words_at = self._words_at if self._words_at is not None else self._now()
+        self._rearm()
+
+    def _on_words(self, words: list[str]) -> None:  # (words are tracked in _take)
+        pass
+
+    def _on_end_input(self) -> None:
+        self._active.end_input()
+
+    def _on_cancel(self) -> None:
+        self._disarm_watchdog()
+        self._active.cancel()
+        self._task.cancel()
+        if self._admitted == CircuitBreaker.HALF_OPEN and not self._switched:
+            self._engine.breaker.release()
+        self._release()
+
+    def _release(self) -> None:
+        if not self._done.done():
+            self._done.set_result(None)
+
+    def _previous_done(self, _future) -> None:
+        self._ready_at = self._now()
+        self._rearm()
+
+    # -- items out ---------------------------------------------------------------------------
+    async def _run(self) -> None:
+        try:
+            while True:
+                stream = self._active
+                try:
+                    async for item in stream:
+                        if stream is not self._active:
+                            break  # switched (the watchdog): the primary's items are no longer wanted
+                        self._forward(item)
+                except Exception as exc:
+                    if self._switched:
+                        raise  # the fallback failed: the turn ends, as it would without one
+                    log.warning("%s failed mid-turn, switching to %s: %s", self._engine.primary.name,
+                                self._engine.fallback.name, exc)
+                    self._switch("error")
+                    continue
+                if stream is self._active:
+                    break  # the active engine finished the turn
+            self._release_words(every=True)  # the engine is done: its last words are in its audio
+            self._flush_resampler()
+            if not self._switched:
+                self._engine.breaker.success()
+        except asyncio.CancelledError:
+            pass
+        except EngineError as exc:
+            self._fail(exc)
+        except Exception as exc:  # a bug costs this turn only
+            log.exception("fallback stream failed")
+            self._fail(EngineError("engine_failed", f"synthesis failed: {exc}"))
+        finally:
+            self._disarm_watchdog()
+            self._release()
+            self._finish()
+
+    def _forward(self, item: StreamItem) -> None:
+        self._progress_at = self._now()
+        if isinstance(item, AudioChunk):
+            pcm = self._resample(item) if self._switched and item.sample_rate != self.sample_rate else item.pcm
+            if len(pcm):
+                self._first_audio_at = self._first_audio_at if self._first_audio_at is not None else self._progress_at
+                self._out_ms += 1000.0 * len(pcm) / self.sample_rate
+                self._emit(AudioChunk(pcm, self.sample_rate))
+            self._release_words(every=self._switched)
+        elif isinstance(item, WordEvent):
+            self._words_out.append(WordEvent(item.word, item.start_ms + self._offset_ms))
+            self._release_words(every=self._switched)
+        elif isinstance(item, ErrorEvent) and item.code == "unit_failed" and not self._switched:
+            log.warning("%s: %s; switching to %s", self._engine.primary.name, item.message, self._engine.fallback.name)
+            self._switch("error")  # the fallback speaks the unit: nothing is left out
+            return
+        else:
+            self._emit(item)
+        self._rearm()
+
+    def _release_words(self, every: bool = False) -> None:
+        """Send the word events whose audio has begun (all of them with ``every``). A frame-level
+        engine (DSM) announces a word before its audio: until the audio comes it is not heard,
+        and a switch gives it to the fallback."""
+        while self._words_out and (every or self._words_out[0].start_ms < self._out_ms):
+            self._heard += 1
+            self._emit(self._words_out.popleft())
+
+    @property
+    def sample_rate(self) -> int:
+        return self._engine.sample_rate
+
+    def _resample(self, chunk: AudioChunk) -> np.ndarray:
+        import soxr
+
+        if self._resampler is None:
+            self._resampler = soxr.ResampleStream(chunk.sample_rate, self.sample_rate, 1, dtype="float32")
+        return self._resampler.resample_chunk(np.asarray(chunk.pcm, np.float32))
+
+    def _flush_resampler(self) -> None:
+        if self._resampler is not None:
+            tail = self._resampler.resample_chunk(np.zeros(0, np.float32), last=True)
+            if len(tail):
+                self._out_ms += 1000.0 * len(tail) / self.sample_rate
+                self._emit(AudioChunk(tail, self.sample_rate))
+
+    # -- the switch ------------------------------------------------------------------------
+    def _switch(self, reason: str) -> None:
+        """Cancel the primary's stream and give the fallback's the words not yet heard."""
+        engine = self._engine
+        self._switched = True
+        self._disarm_watchdog()
+        engine.breaker.failure()
+        self._active.cancel()
+        self._words_out.clear()  # announced, never heard: the fallback speaks them
+        self._offset_ms = self._out_ms
+        stream = engine.fallback.stream(None, self._group)
+        quiet_for = None if self._text_at is None else self._now() - self._text_at
+        stream.resume(self._unheard(), copy.deepcopy(self._intake), quiet_for)
+        if self._input_ended:
+            stream.end_input()
+        self._active = stream
+        self._emit(FallbackEvent(engine.primary.name, engine.fallback.name, reason, self._heard))
+
+    def _unheard(self) -> list[str | Pause]:
+        """The tracked items after the words already heard."""
+        words = 0
+        for i, item in enumerate(self._items):
+            if isinstance(item, str):
+                if words == self._heard:
+                    return self._items[i:]
+                words += 1
+        return []
+
+    # -- the watchdog (late, stall) ------------------------------------------------------------
+    def _due(self) -> float | None:
+        """When the primary is late or stalled, if it does not send audio by then (turn clock, s)."""
+        if self._switched or self.cancelled:
+            return None
+        if self._first_audio_at is None:
+            if self._words_at is None or self._ready_at is None:
+                return None  # nothing to say yet, or the session's previous turn is still synthesising
+            return max(self._words_at, self._ready_at) + self._engine.after_s
+        if self._words <= self._heard and not self._input_ended:
+            return None  # every word so far is out: waiting for text is no stall (after end_turn it is)
+        played_out = self._first_audio_at + self._out_ms / 1000.0  # the earliest the listener runs dry
+        return max(played_out, self._progress_at or 0.0, self._last_text_at or 0.0) + self._engine.stall_s
+
+    def _rearm(self) -> None:
+        self._disarm_watchdog()
+        due = self._due()
+        if due is not None:
+            self._watchdog = self._call_later(max(0.0, due - self._now()), self._on_watchdog)
+
+    def _disarm_watchdog(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+
+    def _on_watchdog(self) -> None:
+        self._watchdog = None
+        due = self._due()
+        if due is None:
+            return
+        if self._now() >= due:
+            try:
+                self._switch("late" if self._first_audio_at is None else "stall")
+            except Exception as exc:  # the fallback cannot take the turn: it ends, as without one
+                log.exception("the switch to %s failed", self._engine.fallback.name)
+                self._task.cancel()
+                self._fail(exc if isinstance(exc, EngineError) else EngineError("engine_failed", f"fallback failed: {exc}"))
+        else:
+            self._rearm()
+
+
+__all__ = ["AFTER_MS", "STALL_MS", "CircuitBreaker", "FallbackEngine", "FallbackStream"]

@@ -1,0 +1,400 @@
+"""Fallback (myna.engines.fallback, issue 14.1) on in-process engines and a virtual clock: the
+switch on error, late start and stall with the words heard once, the circuit breaker, the
+session's ``fallback`` event, metrics, /healthz and interrupt."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+
+from inprocess import ManualTimer, ToneEngine
+from myna.engines import AudioChunk, ErrorEvent, FallbackEvent, WordEvent
+from myna.engines.base import spoken_word
+from myna.engines.fallback import CircuitBreaker, FallbackEngine
+from myna.engines.faulty import FaultyEngine
+from myna.metrics import Metrics
+from myna.rtc.session import Session
+
+TEXT = "one two three four five six."
+WORDS = ["one", "two", "three", "four", "five", "six"]
+
+
+async def settle() -> None:
+    """Let the streams' tasks run (no time passes on the virtual clock)."""
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+async def collect(stream, timeout: float = 30.0) -> list:
+    items = []
+
+    async def run():
+        async for item in stream:
+            items.append(item)
+
+    await asyncio.wait_for(run(), timeout)
+    return items
+
+
+def spoken(items) -> list[str]:
+    return [spoken_word(i.word) for i in items if isinstance(i, WordEvent)]  # (ToneEngine keeps punctuation)
+
+
+def switches(items) -> list[FallbackEvent]:
+    return [i for i in items if isinstance(i, FallbackEvent)]
+
+
+def check_turn(items, rate: int, word_ms: float) -> None:
+    """All audio at the turn's rate, word times in order, and each word where its audio is."""
+    audio = [i for i in items if isinstance(i, AudioChunk)]
+    assert audio and all(a.sample_rate == rate for a in audio)
+    starts = [i.start_ms for i in items if isinstance(i, WordEvent)]
+    assert starts == sorted(starts)
+    total_ms = sum(a.duration_ms for a in audio)
+    # every word is one tone of word_ms: nothing spoken twice, nothing lost (resampling keeps length)
+    assert total_ms == pytest.approx(word_ms * len(starts), abs=2.0)
+    assert starts == pytest.approx([word_ms * i for i in range(len(starts))], abs=2.0)
+
+
+def engines(fault: str | None, at_word: int, timer: ManualTimer | None = None, **kwargs):
+    primary = FaultyEngine(ToneEngine("primary"), fault, at_word)
+    backup = ToneEngine("backup", sample_rate=16_000)  # another rate: resampled to the primary's
+    timer = timer or ManualTimer()
+    return FallbackEngine(primary, backup, clock=timer.clock, call_later=timer.call_later, **kwargs), primary, backup
+
+
+@pytest.mark.parametrize("at_word", [0, 1, 3, 5])
+async def test_an_error_switches_at_the_first_word_not_heard(at_word):
+    engine, _, _ = engines("raise", at_word)
+    stream = engine.stream(group=object())
+    for chunk in ("one t", "wo three fo", "ur five six."):
+        stream.push_text(chunk)
+    stream.end_input()
+    items = await collect(stream)
+    assert spoken(items) == WORDS  # each word once, none lost
+    assert switches(items) == [FallbackEvent("primary", "backup", "error", at_word)]
+    before = [i for i in items[:items.index(switches(items)[0])] if isinstance(i, WordEvent)]
+    assert spoken(before) == WORDS[:at_word]  # the words heard from the primary
+    check_turn(items, 24_000, 120.0)
+
+
+async def test_text_that_arrives_after_the_switch_goes_to_the_fallback_and_a_split_word_stays_whole():
+    engine, _, _ = engines("raise", 1)
+    stream = engine.stream(group=object())
+    stream.push_text("one two thr")  # "thr" is half a word when the primary fails
+    await settle()
+    stream.push_text("ee four five six.")
+    stream.end_input()
+    items = await collect(stream)
+    assert spoken(items) == WORDS
+    assert switches(items)[0].at_word == 1
+
+
+async def test_a_late_first_audio_switches_after_the_deadline():
+    timer = ManualTimer()
+    engine, _, _ = engines("hang", 0, timer, after_ms=500)
+    stream = engine.stream(group=object())
+    stream.push_text(TEXT)
+    stream.end_input()
+    await settle()
+    timer.advance(0.49)
+    await settle()
+    assert stream._queue.empty()  # before the deadline: still waiting for the primary
+    timer.advance(0.02)
+    items = await collect(stream)
+    assert switches(items) == [FallbackEvent("primary", "backup", "late", 0)]
+    assert spoken(items) == WORDS
+    check_turn(items, 24_000, 120.0)
+
+
+async def test_the_late_clock_starts_with_the_first_word_not_the_turn():
+    timer = ManualTimer()
+    engine, _, _ = engines("hang", 0, timer, after_ms=500)
+    stream = engine.stream(group=object())
+    timer.advance(2.0)  # the turn opened, no text yet: nothing can be late
+    stream.push_text("one two ")
+    await settle()
+    timer.advance(0.4)
+    await settle()
+    assert stream._queue.empty()
+    timer.advance(0.2)
+    stream.end_input()
+    assert switches(await collect(stream))[0].reason == "late"
+
+
+async def test_a_stall_mid_turn_switches_once_the_audio_sent_has_played_out():
+    timer = ManualTimer()
+    engine, _, _ = engines("hang", 2, timer, stall_ms=1000)
+    stream = engine.stream(group=object())
+    stream.push_text(TEXT)
+    stream.end_input()
+    await settle()
+    # two words (240 ms) went out at t=0: the listener runs dry at 0.24 s; a stall at 1.24 s
+    timer.advance(1.2)
+    await settle()
+    assert not any(isinstance(i, FallbackEvent) for i in stream._queue._queue)
+    timer.advance(0.05)
+    items = await collect(stream)
+    assert switches(items) == [FallbackEvent("primary", "backup", "stall", 2)]
+    assert spoken(items) == WORDS
+    check_turn(items, 24_000, 120.0)
+
+
+async def test_waiting_for_text_is_no_stall():
+    timer = ManualTimer()
+    engine, _, _ = engines(None, 0, timer, stall_ms=1000)
+    stream = engine.stream(group=object())
+    stream.push_text("one two. ")
+    await settle()
+    timer.advance(5.0)  # the LLM is slow: every word so far was spoken
+    stream.push_text("three.")
+    stream.end_input()
+    items = await collect(stream)
+    assert not switches(items) and spoken(items) == ["one", "two", "three"]
+    assert engine.breaker.state == "closed"
+
+
+async def test_a_session_turn_queued_behind_another_is_not_late_while_it_waits():
+    timer = ManualTimer()
+    engine, primary, _ = engines(None, 0, timer, after_ms=500)
+    group = object()
+    first = engine.stream(group=group)
+    primary.fault = "hang"  # the second turn's primary never starts
+    second = engine.stream(group=group)
+    second.push_text("four five six.")
+    second.end_input()
+    await settle()
+    timer.advance(3.0)  # the first turn is still open: the second is not late yet
+    await settle()
+    assert second._queue.empty()
+    first.push_text("one two three.")
+    first.end_input()
+    assert spoken(await collect(first)) == ["one", "two", "three"]
+    await settle()
+    timer.advance(0.51)
+    items = await collect(second)
+    assert switches(items)[0].reason == "late" and spoken(items) == ["four", "five", "six"]
+
+
+def test_the_circuit_breaker_opens_probes_and_closes():
+    timer = ManualTimer()
+    breaker = CircuitBreaker(failures=3, window_s=10.0, cooldown_s=30.0, clock=timer.clock)
+    for _ in range(2):
+        breaker.failure()
+        timer.advance(6.0)
+    breaker.failure()  # three failures, but the first is out of the window
+    assert breaker.state == "closed" and breaker.admit() == "closed"
+    breaker.failure()  # three within 10 s
+    assert breaker.state == "open" and breaker.admit() is None
+    timer.advance(29.0)
+    assert breaker.admit() is None
+    timer.advance(1.0)
+    assert breaker.state == "half_open"
+    assert breaker.admit() == "half_open"  # one probe ...
+    assert breaker.admit() is None  # ... at a time
+    breaker.failure()  # the probe failed: open for a full cool-down
+    assert breaker.state == "open"
+    timer.advance(30.0)
+    assert breaker.admit() == "half_open"
+    breaker.release()  # interrupted: no verdict, the next turn probes
+    assert breaker.admit() == "half_open"
+    breaker.success()
+    assert breaker.state == "closed" and breaker.admit() == "closed"
+
+
+async def test_a_failing_primary_is_taken_out_of_rotation_then_probed_and_recovers():
+    timer = ManualTimer()
+    breaker = CircuitBreaker(failures=2, window_s=60.0, cooldown_s=30.0, clock=timer.clock)
+    engine, primary, _ = engines("raise", 0, timer, breaker=breaker)
+    opened = []
+    inner_stream = primary.stream
+    primary.stream = lambda voice=None, group=None: opened.append(1) or inner_stream(voice, group)
+
+    async def turn():
+        stream = engine.stream(group=object())
+        stream.push_text(TEXT)
+        stream.end_input()
+        items = await collect(stream)
+        assert spoken(items) == WORDS
+        return switches(items)
+
+    assert [s.reason for s in await turn()] == ["error"]
+    assert [s.reason for s in await turn()] == ["error"]
+    assert breaker.state == "open"
+    assert await turn() == [FallbackEvent("primary", "backup", "open", 0)]  # straight to the fallback
+    assert len(opened) == 2  # the primary was not asked
+    timer.advance(30.0)
+    assert breaker.state == "half_open"
+    assert [s.reason for s in await turn()] == ["error"]  # the probe fails: open again
+    assert breaker.state == "open" and len(opened) == 3
+    primary.fault = None  # the primary recovers
+    timer.advance(30.0)
+    assert await turn() == []  # the probe speaks the turn in the primary's voice
+    assert breaker.state == "closed" and len(opened) == 4
+    assert await turn() == []
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+async def test_the_session_sends_a_fallback_event_and_counts_it():
+    clock, metrics, sent = Clock(), Metrics(), []
+    engine, _, _ = engines("raise", 2)
+    session = Session(engine=engine, send=sent.append, metrics=metrics, clock=clock)
+    session.handle_message(json.dumps({"type": "text", "turn_id": "t1", "text": TEXT}))
+    session.handle_message(json.dumps({"type": "end_turn", "turn_id": "t1"}))
+    await settle()
+    for _ in range(60):
+        session.playout.next_frame()
+        clock.t += 0.02
+        await asyncio.sleep(0)
+    events = [e for e in sent if e["type"] == "fallback"]
+    assert events == [{"type": "fallback", "turn_id": "t1", "from": "primary", "to": "backup", "reason": "error",
+                       "at_word": 2}]
+    assert [spoken_word(e["word"]) for e in sent if e["type"] == "word"] == WORDS
+    assert not [e for e in sent if e["type"] == "error"]
+    assert any(e["type"] == "turn_done" and not e.get("interrupted") for e in sent)
+    text = metrics.render().decode()
+    assert 'myna_fallbacks_total{from="primary",reason="error",to="backup"} 1.0' in text
+    await session.close()
+
+
+async def test_interrupt_during_a_fallback_turn_stops_the_fallback():
+    clock, metrics, sent = Clock(), Metrics(), []
+    timer = ManualTimer()
+    primary = FaultyEngine(ToneEngine("primary"), "hang", 0)
+    backup_streams = []
+    backup = ToneEngine("backup")
+    open_backup = backup.stream
+    backup.stream = lambda voice=None, group=None: backup_streams.append(open_backup(voice, group)) or backup_streams[-1]
+    engine = FallbackEngine(primary, backup, clock=timer.clock, call_later=timer.call_later)
+    session = Session(engine=engine, send=sent.append, metrics=metrics, clock=clock)
+    session.handle_message(json.dumps({"type": "text", "turn_id": "t1", "text": "one two three "}))
+    await settle()
+    timer.advance(0.6)  # late: the fallback takes the turn, whose input is still open
+    await settle()
+    assert [e["reason"] for e in sent if e["type"] == "fallback"] == ["late"]
+    session.interrupt()
+    await settle()
+    assert backup_streams and backup_streams[0].cancelled
+    done = [e for e in sent if e["type"] == "turn_done"]
+    assert len(done) == 1 and done[0]["interrupted"] is True
+    session.handle_message(json.dumps({"type": "text", "turn_id": "t1", "text": "four"}))
+    assert sent[-1]["code"] == "turn_ended"  # the interrupted turn takes no more text
+    await session.close()
+
+
+async def test_healthz_and_metrics_show_each_breaker():
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from myna.server.app import Worker, create_app
+
+    timer = ManualTimer()
+    breaker = CircuitBreaker(failures=1, clock=timer.clock)
+    engine, _, backup = engines("raise", 0, timer, breaker=breaker)
+    worker = Worker(engines={"primary": engine, "backup": backup})
+    async with TestClient(TestServer(create_app(worker), host="127.0.0.1")) as client:
+        await check_health(client, worker, engine)
+
+
+async def check_health(client, worker, engine):
+    for _ in range(100):
+        if worker.ready:
+            break
+        await asyncio.sleep(0.01)
+    body = await (await client.get("/healthz")).json()
+    assert body["status"] == "ready" and body["breakers"] == {"primary": "closed"}
+    stream = engine.stream()
+    stream.push_text(TEXT)
+    stream.end_input()
+    await collect(stream)
+    body = await (await client.get("/healthz")).json()
+    assert body["status"] == "ready" and body["breakers"] == {"primary": "open"}  # still serving, by the fallback
+    metrics = await (await client.get("/metrics")).text()
+    assert 'myna_breaker_state{engine="primary"} 2.0' in metrics
+
+
+async def test_an_unknown_voice_is_refused_before_anything_starts():
+    from myna.engines import EngineError
+
+    engine, _, _ = engines(None, 0)
+    with pytest.raises(EngineError) as err:
+        engine.stream(voice="nobody")
+    assert err.value.code == "unknown_voice"
+
+
+async def test_the_fallback_failing_too_ends_the_turn_with_an_error():
+    from myna.engines import EngineError
+
+    timer = ManualTimer()
+    engine = FallbackEngine(FaultyEngine(ToneEngine("primary"), "raise", 1),
+                            FaultyEngine(ToneEngine("backup"), "raise", 1), clock=timer.clock,
+                            call_later=timer.call_later)
+    stream = engine.stream()
+    stream.push_text(TEXT)
+    stream.end_input()
+    items = []
+    with pytest.raises(EngineError):
+        async for item in stream:
+            items.append(item)
+    assert spoken(items) == ["one", "two"]  # one from each, never twice
+    assert not any(isinstance(i, ErrorEvent) for i in items)
+    assert np.isfinite(sum(i.duration_ms for i in items if isinstance(i, AudioChunk)))
+
+
+def test_serve_wraps_every_engine_but_the_fallback():
+    from myna.cli import _with_fallback
+
+    loaded = {"a": ToneEngine("a"), "b": ToneEngine("b"), "backup": ToneEngine("backup")}
+    engines = _with_fallback(loaded, "backup", after_ms=300, stall_ms=700)
+    assert list(engines) == ["a", "b", "backup"] and engines["backup"] is loaded["backup"]
+    for name in ("a", "b"):
+        assert isinstance(engines[name], FallbackEngine) and engines[name].name == name
+        assert engines[name].primary is loaded[name] and engines[name].fallback is loaded["backup"]
+        assert (engines[name].after_s, engines[name].stall_s) == (0.3, 0.7)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--engine", "piper", "--fallback", "piper"], "no other engine"),
+    (["--engine", "piper", "--fallback", "nonsense"], "invalid choice: 'nonsense'"),
+    (["--fallback-after-ms", "-1"], "--fallback-after-ms"),
+])
+def test_bad_fallback_options_fail_in_one_line(capsys, argv, message):
+    from myna.cli import main
+
+    with pytest.raises(SystemExit) as exit:
+        main(["serve", "--port", "1", *argv])
+    assert message in f"{exit.value.code} {capsys.readouterr().err}"
+
+
+async def test_a_primary_that_hangs_after_its_last_word_is_ended_by_the_stall_deadline():
+    timer = ManualTimer()
+    engine, _, _ = engines(None, 0, timer, stall_ms=1000)
+    hung = FaultyEngine(ToneEngine("primary"), "hang", 6)  # all six words out, then the stream never ends
+    engine.primary = hung
+    stream = engine.stream(group=object())
+    stream.push_text(TEXT)
+    stream.end_input()
+    await settle()
+    timer.advance(6 * 0.12 + 1.01)
+    items = await collect(stream)
+    assert spoken(items) == WORDS and switches(items) == [FallbackEvent("primary", "backup", "stall", 6)]
+
+
+def test_a_closed_breaker_counts_failures_in_the_window_whatever_succeeded_between():
+    timer = ManualTimer()
+    breaker = CircuitBreaker(failures=3, window_s=60.0, clock=timer.clock)
+    for _ in range(2):
+        breaker.failure()
+        breaker.success()
+        timer.advance(1.0)
+    breaker.failure()
+    assert breaker.state == "open"
