@@ -33,13 +33,13 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list
 #: Every error code the contract documents (README); ``internal`` is a bug and never allowed.
 SESSION_CODES = {"message_too_large", "bad_encoding", "bad_json", "bad_message", "unknown_type", "turn_ended",
                  "turn_too_long", "too_many_turns", "draining", "rate_limited", "bad_audio", "audio_failed",
-                 "engine_failed", "engine_not_ready", "unknown_voice"}
+                 "engine_failed", "engine_not_ready", "unknown_voice", "unsupported_language", "unit_failed"}
 STREAM_CODES = SESSION_CODES | {"binary_input", "config_too_late", "bad_config", "unknown_engine", "forbidden",
                                 "slow_consumer"}
 HTTP_CODES = {"bad_request", "bad_json", "bad_body", "bad_sdp", "unknown_engine", "unknown_voice", "not_ready",
               "pc_id_in_use", "unknown_pc", "bad_candidate", "token_required", "bad_token", "forbidden", "full",
               "too_many_sessions", "rate_limited", "draining", "request_entity_too_large", "method_not_allowed"}
-EVENTS = {"ready", "turn_started", "first_audio", "word", "turn_done", "error"}
+EVENTS = {"ready", "turn_started", "first_audio", "word", "turn_done", "error", "fallback"}
 
 scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=40)
 json_values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
