@@ -79,7 +79,8 @@ def _dsm_options(args: argparse.Namespace, voice: str | None = None) -> dict:
 def _add_serve(sub) -> None:
     p = sub.add_parser("serve", help="run the WebRTC worker and its web page",
                        description="Run the worker: WebRTC signaling, the latency page, /healthz and /metrics.")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s; a loopback address also turns on loopback ICE candidates)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s; a loopback address also turns on loopback ICE candidates; "
+                        "any other needs --api-key/--api-secret or --insecure)")
     p.add_argument("--port", type=_port, default=DEFAULT_PORT, help="TCP port, 1-65535 (default: %(default)s)")
     p.add_argument("--engine", default=DEFAULT_ENGINES,
                    help="engines to load, comma-separated; the first is the default (default: %(default)s; "
@@ -102,7 +103,7 @@ def _add_serve(sub) -> None:
                    help="every other loaded engine falls back to ENGINE (loaded too if not in --engine) when it "
                         "fails, starts late or stalls mid-turn; the rest of the turn is spoken by ENGINE")
     g.add_argument("--fallback-after-ms", type=_non_negative_ms, default=500.0, metavar="MS",
-                   help="a turn's first audio is late after MS from its first word (default: %(default)s)")
+                   help="switch when a turn's first audio has not come MS after its first word (default: %(default)s)")
     g.add_argument("--fallback-stall-ms", type=_non_negative_ms, default=1000.0, metavar="MS",
                    help="silence mid-turn, while words wait, before the switch (default: %(default)s)")
     _add_access_options(p)
@@ -191,7 +192,7 @@ def _add_access_options(p) -> None:
     g.add_argument("--max-turn-chars", type=int, default=d.max_turn_chars, help="characters per turn (default: %(default)s)")
     g.add_argument("--max-queued-turns", type=int, default=d.max_queued_turns, help="turns queued per session (default: %(default)s)")
     g.add_argument("--drain-timeout", type=float, default=30.0,
-                   help="on SIGTERM, seconds to let speaking turns finish before closing (default: %(default)s)")
+                   help="on SIGTERM or SIGINT, seconds to let speaking turns finish before closing (default: %(default)s)")
 
 
 def _limits(args: argparse.Namespace):

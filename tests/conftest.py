@@ -55,14 +55,14 @@ class RunningWorker(Server):
 @pytest.fixture(scope="session")
 def start_worker():
     """Start a ``myna serve`` process for a test that needs a real one (signals, logs, an
-    install without some extra): ``start_worker("--drain-timeout", "5", env=...)`` returns its
+    install without some extra): ``start_worker("--drain-timeout", "5", env=..., timeout=60)`` returns its
     :class:`RunningWorker` (``url``, ``proc``, ``log_path``). Stop it with ``stop()`` once done;
     any still running are stopped at the end of the session. HTTP and WebSocket behaviour is
     tested in process instead (``inprocess.app_client``)."""
     started: list[RunningWorker] = []
 
-    def start(*args: str, env: dict[str, str] | None = None) -> RunningWorker:
-        started.append(RunningWorker(*args, env=env))
+    def start(*args: str, env: dict[str, str] | None = None, timeout: float = 60.0) -> RunningWorker:
+        started.append(RunningWorker(*args, env=env, timeout=timeout))
         return started[-1]
 
     yield start

@@ -53,9 +53,14 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.trials < 1 or args.at_word < 1 or len(args.text.split()) <= args.at_word:
         raise SystemExit("bench fallback: need --trials ≥ 1 and 1 ≤ --at-word < the text's words")
+    whisper = None
+    if args.wer:  # before the trials: a missing extra is said at once
+        from myna.bench.wer import load_whisper
+
+        whisper = load_whisper()
     result = asyncio.run(measure(args.text, args.trials, args.at_word, args.fallback_after_ms, args.fallback_stall_ms))
-    if args.wer:
-        add_wer(result, args.text)
+    if whisper is not None:
+        add_wer(result, args.text, whisper)
     for case in result["cases"].values():
         case.pop("pcm")
     result["targets"] = targets(result)
@@ -116,13 +121,13 @@ async def _turn(engine, text: str) -> tuple[float, list[str], np.ndarray, list[F
     return ttfa_ms, words, np.concatenate(pcm) if pcm else np.zeros(0, np.float32), switches
 
 
-def add_wer(result: dict, text: str) -> None:
-    """Whisper tiny.en WER of every case's turns (together per case)."""
+def add_wer(result: dict, text: str, model) -> None:
+    """Whisper tiny.en WER of every case's turns (together per case); ``model`` from
+    :func:`myna.bench.wer.load_whisper`."""
     import soxr
 
-    from myna.bench.wer import load_whisper, transcribe, word_error_rate
+    from myna.bench.wer import transcribe, word_error_rate
 
-    model = load_whisper()
     for case in result["cases"].values():
         heard = [transcribe(model, (32767 * soxr.resample(pcm, result["sample_rate"], 48_000)).astype(np.int16))
                  for pcm in case["pcm"]]

