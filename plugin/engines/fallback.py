@@ -94,8 +94,9 @@ class CircuitBreaker:
         return None
 
     def success(self) -> None:
-        """A turn was spoken by the engine: an open or half-open breaker closes (failures of a
-        closed one keep counting within their window)."""
+        """The probe turn was spoken by the engine: the breaker closes (failures of a closed one
+        keep counting within their window). Turns admitted ``closed`` report no success: one
+        begun before the breaker opened says nothing of the engine now."""
         if self._opened_at is not None:
             self._opened_at, self._probing = None, False
 
@@ -278,8 +279,13 @@ class FallbackStream(SynthesisStream):
                     break  # the active engine finished the turn
             self._release_words(every=True)  # the engine is done: its last words are in its audio
             self._flush_resampler()
-            if not self._switched:
-                self._engine.breaker.success()
+            if self._admitted == CircuitBreaker.HALF_OPEN and not self._switched:
+                # Only the probe has a verdict (a turn begun before the breaker opened has none),
+                # and only one that spoke: a turn with no words proves nothing.
+                if self._heard:
+                    self._engine.breaker.success()
+                else:
+                    self._engine.breaker.release()
         except asyncio.CancelledError:
             pass
         except EngineError as exc:

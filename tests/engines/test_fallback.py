@@ -398,3 +398,41 @@ def test_a_closed_breaker_counts_failures_in_the_window_whatever_succeeded_betwe
         timer.advance(1.0)
     breaker.failure()
     assert breaker.state == "open"
+
+
+async def test_only_the_probe_closes_an_open_breaker():
+    """A turn that began on the primary before the breaker opened (another session's failures)
+    and ends well is no probe: the breaker stays open until its cool-down and a probe."""
+    timer = ManualTimer()
+    breaker = CircuitBreaker(failures=1, window_s=60.0, cooldown_s=30.0, clock=timer.clock)
+    engine, primary, _ = engines(None, 0, timer, breaker=breaker)
+    long_turn = engine.stream(group=object())  # admitted while closed
+    long_turn.push_text(TEXT)
+    await settle()
+    breaker.failure()  # another session's turn fails: open
+    assert breaker.state == "open"
+    long_turn.end_input()
+    items = await collect(long_turn)
+    assert spoken(items) == WORDS and switches(items) == []
+    assert breaker.state == "open"  # new turns still go to the fallback
+
+
+async def test_a_probe_with_nothing_to_say_leaves_the_breaker_to_the_next_turn():
+    """A half-open probe turn that has no words proves nothing: the breaker is not closed by it,
+    and the next turn probes."""
+    timer = ManualTimer()
+    breaker = CircuitBreaker(failures=1, window_s=60.0, cooldown_s=30.0, clock=timer.clock)
+    engine, primary, _ = engines(None, 0, timer, breaker=breaker)
+    breaker.failure()
+    timer.advance(30.0)
+    empty = engine.stream(group=object())  # the probe
+    empty.end_input()
+    assert switches(await collect(empty)) == []
+    assert breaker.state == "half_open"
+    primary.fault = "raise"  # (the engine was never well: nothing had tested it)
+    probe = engine.stream(group=object())  # the next turn probes, and fails: open again
+    probe.push_text(TEXT)
+    probe.end_input()
+    items = await collect(probe)
+    assert spoken(items) == WORDS and [s.reason for s in switches(items)] == ["error"]
+    assert breaker.state == "open"
