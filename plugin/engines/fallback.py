@@ -216,7 +216,11 @@ class FallbackStream(SynthesisStream):
                 reason = "error"
         if reason is not None:
             self._switched = True
-            self._active = engine.fallback.stream(None, group)
+            try:
+                self._active = engine.fallback.stream(None, group)
+            except BaseException:
+                self._release()  # no turn: the group's next one must not wait for it
+                raise
             self._emit(FallbackEvent(engine.primary.name, engine.fallback.name, reason, 0))
         self._task = self._loop.create_task(self._run())
 

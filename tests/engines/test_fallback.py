@@ -12,7 +12,7 @@ import pytest
 
 from inprocess import ManualTimer, ToneEngine
 from myna.engines import AudioChunk, ErrorEvent, FallbackEvent, WordEvent
-from myna.engines.base import spoken_word
+from myna.engines.base import EngineError, spoken_word
 from myna.engines.fallback import CircuitBreaker, FallbackEngine
 from myna.engines.faulty import FaultyEngine
 from myna.metrics import Metrics
@@ -436,3 +436,31 @@ async def test_a_probe_with_nothing_to_say_leaves_the_breaker_to_the_next_turn()
     items = await collect(probe)
     assert spoken(items) == WORDS and [s.reason for s in switches(items)] == ["error"]
     assert breaker.state == "open"
+
+
+async def test_a_turn_refused_by_both_engines_does_not_hold_up_the_sessions_next_turn():
+    """A turn that could not be opened at all (the breaker open and the fallback refusing a
+    stream) is over: the session's next turn is not left waiting for it, so its late clock runs."""
+    timer = ManualTimer()
+    breaker = CircuitBreaker(failures=1, window_s=60.0, cooldown_s=30.0, clock=timer.clock)
+    engine, primary, backup = engines("hang", 0, timer, breaker=breaker, after_ms=500)
+    group = object()
+    breaker.failure()  # open: the next turn goes straight to the fallback ...
+    backup_stream = backup.stream
+
+    def refuse(voice=None, group=None):
+        raise EngineError("engine_not_ready", "backup is still loading")
+
+    backup.stream = refuse  # ... which refuses it
+    with pytest.raises(EngineError):
+        engine.stream(group=group)
+    backup.stream = backup_stream
+    timer.advance(30.0)  # half-open: the next turn probes the (hanging) primary
+    stream = engine.stream(group=group)
+    stream.push_text(TEXT)
+    stream.end_input()
+    await settle()
+    timer.advance(0.51)
+    items = await collect(stream)
+    assert [s.reason for s in switches(items)] == ["late"] and spoken(items) == WORDS
+    assert group not in engine._group_tails  # nothing of the group is left behind
