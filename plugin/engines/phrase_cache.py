@@ -12,10 +12,9 @@ joins, so a cached unit goes through exactly the same steps as a synthesised one
 reads them alike; checked against Piper's phonemiser (espeak-ng), which is what the voice reads:
 
 - whitespace runs are one space, and the ends are stripped;
-- a word's case is folded when only its first letter may be a capital (``"Sure"`` = ``"sure"``,
-  ``"Thanks For"`` = ``"thanks for"``); a word with a capital after its first letter is kept as
-  written (``"US"`` is read "U S", ``"us"`` is not; ``"iPhone"``, ``"McDonald"`` likewise), and
-  so is a one-letter word (espeak stresses ``"I am."`` otherwise than ``"i am."``);
+- case is kept: espeak's dictionary reads some words by their capital (``"Polish"`` is the
+  language, ``"polish"`` the verb; ``"US"`` is "U S"; ``"I am."`` is stressed otherwise than
+  ``"i am."``), and the DSM engine's tokenizer tells every case apart;
 - after the text's last letter or digit, closing quotes and brackets are not read and a run of
   marks is read as its first one (``"Sure!!"`` = ``"Sure!"``, ``"Sure?!"`` = ``"Sure?"``,
   ``"Sure.)"`` = ``"Sure."``), with ``"..."`` read as ``"…"``; symbols the voice reads are kept
@@ -74,13 +73,11 @@ def phrase_key(text: str) -> str:
     the module docstring).
 
     >>> phrase_key("  Thanks for  calling!! ")
-    'thanks for calling!'
-    >>> phrase_key("Sure.") == phrase_key("sure.") != phrase_key("Sure?")
+    'Thanks for calling!'
+    >>> phrase_key("Sure!?)") == phrase_key("Sure!") != phrase_key("Sure?")
     True
-    >>> phrase_key("The US.")
-    'the US.'
     """
-    words = [w.lower() if _folds(w) else w for w in text.split()]
+    words = text.split()
     if not words:
         return ""
     last = words[-1]
@@ -93,13 +90,6 @@ def phrase_key(text: str) -> str:
         words[-1] = last[: tail.start()] + said + first
     return " ".join(words)
 
-
-def _folds(word: str) -> bool:
-    """Whether the voice reads ``word`` alike in lower case: it has more than one letter and
-    none after its first is a capital ("Sure"; not "US", "iPhone", nor "I", which espeak
-    stresses otherwise than "i")."""
-    letters = [c for c in word if c.isalpha()]
-    return len(letters) > 1 and not any(c.isupper() for c in letters[1:])
 
 
 @dataclass(frozen=True)
