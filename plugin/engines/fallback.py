@@ -231,7 +231,9 @@ class FallbackStream(SynthesisStream):
         self._active.push_text(chunk)
 
     def _take(self, items) -> None:
-        """Track words and pauses; the active engine reports left-out scripts itself."""
+        """Track words and pauses, and report left-out scripts here, once per turn whichever
+        engine speaks (the engines' own reports are dropped: each would report its part)."""
+        super()._take(items)
         for item in items:
             if isinstance(item, (str, Pause)):
                 self._items.append(item)
@@ -314,6 +316,8 @@ class FallbackStream(SynthesisStream):
         elif isinstance(item, WordEvent):
             self._words_out.append(WordEvent(item.word, item.start_ms + self._offset_ms))
             self._release_words(every=self._switched)
+        elif isinstance(item, ErrorEvent) and item.code == "unsupported_language":
+            pass  # reported by this stream (_take)
         elif isinstance(item, ErrorEvent) and item.code == "unit_failed" and not self._switched:
             log.warning("%s: %s; switching to %s", self._engine.primary.name, item.message, self._engine.fallback.name)
             self._switch("error")  # the fallback speaks the unit: nothing is left out

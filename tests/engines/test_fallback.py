@@ -464,3 +464,21 @@ async def test_a_turn_refused_by_both_engines_does_not_hold_up_the_sessions_next
     items = await collect(stream)
     assert [s.reason for s in switches(items)] == ["late"] and spoken(items) == WORDS
     assert group not in engine._group_tails  # nothing of the group is left behind
+
+
+@pytest.mark.parametrize("at_word", [0, 1, 2, 4])
+async def test_a_script_left_out_is_reported_once_per_turn_across_the_switch(at_word):
+    """``unsupported_language`` comes once per script and turn, also when the turn switches
+    engines while its text streams in (each engine's stream reported the script again)."""
+    timer = ManualTimer()
+    engine, _, _ = engines("raise", at_word, timer)
+    stream = engine.stream(group=object())
+    for chunk in ["one Прив", "ет tw", "o thr", "ee Мир", " fo", "ur fi", "ve."]:
+        stream.push_text(chunk)
+        await settle()
+        timer.advance(0.05)
+    stream.end_input()
+    items = await collect(stream)
+    assert spoken(items) == ["one", "two", "three", "four", "five"]
+    assert [i.code for i in items if isinstance(i, ErrorEvent)] == ["unsupported_language"]
+    assert len(switches(items)) == 1
