@@ -482,3 +482,33 @@ async def test_a_script_left_out_is_reported_once_per_turn_across_the_switch(at_
     assert spoken(items) == ["one", "two", "three", "four", "five"]
     assert [i.code for i in items if isinstance(i, ErrorEvent)] == ["unsupported_language"]
     assert len(switches(items)) == 1
+
+
+async def test_the_fallback_takes_a_sessions_turns_in_order_when_a_later_one_needs_it_first():
+    """Turn 1 on the primary, the breaker opens (other sessions), turn 2 goes straight to the
+    fallback, then turn 1 switches: the fallback opens turn 1's rest first. (It opened turn 2
+    first, and an engine that synthesises a session's turns in the order they open (Piper) made
+    the listener of turn 1 wait for all of turn 2.)"""
+    timer = ManualTimer()
+    breaker = CircuitBreaker(failures=1, window_s=60.0, cooldown_s=30.0, clock=timer.clock)
+    engine, _, backup = engines("hang", 2, timer, breaker=breaker, after_ms=500, stall_ms=500)
+    opened = []
+    inner = backup.stream
+    backup.stream = lambda voice=None, group=None: opened.append(inner(voice, group)) or opened[-1]
+    group = object()
+    first = engine.stream(group=group)
+    first.push_text(TEXT)
+    first.end_input()
+    await settle()
+    breaker.failure()  # another session's turn failed: open
+    second = engine.stream(group=group)
+    second.push_text("seven eight.")
+    second.end_input()
+    await settle()
+    assert opened == []  # turn 2 waits for turn 1 to finish synthesis, as it would on one engine
+    timer.advance(2.0)  # turn 1 stalls after two words: the fallback takes its rest
+    items_first, items_second = await collect(first), await collect(second)
+    assert opened == [first._active, second._active]
+    assert spoken(items_first) == WORDS and spoken(items_second) == ["seven", "eight"]
+    assert [s.reason for s in switches(items_first)] == ["stall"]
+    assert switches(items_second) == [FallbackEvent("primary", "backup", "open", 0)]
