@@ -187,6 +187,27 @@ async def test_a_cached_turn_sounds_and_reads_exactly_like_a_synthesised_one(tex
     assert any(isinstance(i, AudioChunk) for i in again) and any(isinstance(i, WordEvent) for i in again)
 
 
+async def test_an_engine_behind_a_fallback_still_uses_the_cache():
+    """``myna serve --fallback`` wraps the engines: the wrapped engine is warmed and answered from
+    the cache as without a fallback (the wrapper took no part, so the cache was silently off)."""
+    from inprocess import ToneEngine
+    from myna.engines.fallback import FallbackEngine
+
+    cache = PhraseCache(10_000_000)
+    primary = await started()
+    wrapped = FallbackEngine(primary, ToneEngine("backup", sample_rate=RATE))
+    worker = Worker(engines={"piper": wrapped}, phrase_cache=cache, warm_phrases=["Sure."])
+    await worker.start()
+    assert primary.phrase_cache is cache and len(cache) >= 1
+    assert wrapped.breaker.state == "closed"
+    primary.synthesised.clear()
+    stream = wrapped.stream()
+    stream.push_text("Sure.")
+    stream.end_input()
+    assert any(isinstance(i, AudioChunk) for i in await asyncio.wait_for(_items(stream), 30))
+    assert primary.synthesised == [] and cache.hits >= 1
+
+
 async def test_warm_up_stores_the_units_a_streamed_turn_looks_up():
     """Each phrase warmed whole; then the same text streamed as LLM tokens finds every unit."""
     cache = PhraseCache(10_000_000)
