@@ -56,13 +56,14 @@ class RunningWorker(Server):
 def start_worker():
     """Start a ``myna serve`` process for a test that needs a real one (signals, logs, an
     install without some extra): ``start_worker("--drain-timeout", "5", env=...)`` returns its
-    :class:`RunningWorker` (``url``, ``proc``, ``log_path``). Stop it with ``stop()`` once done;
+    :class:`RunningWorker` (``url``, ``proc``, ``log_path``; ``timeout=`` s to become ready, for
+    a slow start such as a DSM checkpoint). Stop it with ``stop()`` once done;
     any still running are stopped at the end of the session. HTTP and WebSocket behaviour is
     tested in process instead (``inprocess.app_client``)."""
     started: list[RunningWorker] = []
 
-    def start(*args: str, env: dict[str, str] | None = None) -> RunningWorker:
-        started.append(RunningWorker(*args, env=env))
+    def start(*args: str, env: dict[str, str] | None = None, timeout: float = 60.0) -> RunningWorker:
+        started.append(RunningWorker(*args, env=env, timeout=timeout))
         return started[-1]
 
     yield start

@@ -26,14 +26,14 @@ def get(url: str) -> tuple[int, str]:
         return e.code, e.read().decode()
 
 
-def test_serve_dsm_with_a_piper_fallback(worker_process, tmp_path):
+def test_serve_dsm_with_a_piper_fallback(start_worker, tmp_path):
     from myna.dsm import build_tiny_checkpoint
     from myna.dsm.tiny import TINY_VOICE
 
     folder = build_tiny_checkpoint(tmp_path / "tiny", seed=0)
-    worker = worker_process("--engine", "dsm", "--fallback", "piper", "--dsm-checkpoint", str(folder),
-                            "--voice", str(folder / TINY_VOICE), "--max-sessions", "4", timeout=240,
-                            env={"NO_TORCH_COMPILE": "1"})
+    worker = start_worker("--engine", "dsm", "--fallback", "piper", "--dsm-checkpoint", str(folder),
+                          "--voice", str(folder / TINY_VOICE), "--max-sessions", "4", timeout=240,
+                          env={"NO_TORCH_COMPILE": "1"})
     try:
         status, body = get(f"{worker.url}/healthz")
         health = json.loads(body)
