@@ -73,17 +73,23 @@ class Credentials:
     """Where a client's access token comes from (see the module docstring for the order).
 
     Args:
-        token: an access token, used as it is.
+        token: an access token, used as it is (less the whitespace around it: a line read from
+            a file or an env file ends with one).
         api_key, api_secret: the worker's key pair, to mint tokens here (used with no ``token``).
         With neither, ``MYNA_TOKEN``, else ``MYNA_API_KEY`` and ``MYNA_API_SECRET``.
         identity: the identity of minted tokens (None: ``myna-client-`` and a random suffix, so
             separate clients do not share the worker's per-identity session cap).
+
+    Raises:
+        ValueError: the token holds spaces or control characters inside (no token does; it
+            could not go in a header), naming where it came from.
     """
 
     def __init__(self, token: str | None = None, *, api_key: str | None = None, api_secret: str | None = None,
                  identity: str | None = None):
         given_keys = bool(api_key and api_secret)
-        self._token = token or (None if given_keys else os.environ.get(TOKEN_ENV)) or None
+        source = "the token given" if token else TOKEN_ENV
+        self._token = _clean(token or (None if given_keys else os.environ.get(TOKEN_ENV)), source)
         key = api_key if given_keys else os.environ.get(API_KEY_ENV)
         secret = api_secret if given_keys else os.environ.get(API_SECRET_ENV)
         self._keys = (key, secret) if self._token is None and key and secret else None
@@ -101,3 +107,12 @@ class Credentials:
         """Request headers carrying the token (``Authorization: Bearer …``; empty without one)."""
         token = self.token()
         return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def _clean(token: str | None, source: str) -> str | None:
+    """``token`` without the whitespace around it (None when nothing is left)."""
+    token = (token or "").strip()
+    if any(c.isspace() or not c.isprintable() for c in token):
+        raise ValueError(f"{source} is not an access token: it holds spaces or control characters; "
+                         "mint one with `myna token`")
+    return token or None

@@ -129,8 +129,8 @@ def _megabytes(value: str) -> float:
         mb = float(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of megabytes: {value!r}") from None
-    if not 0.0 <= mb <= 1_000_000.0:
-        raise argparse.ArgumentTypeError("must be from 0 to 1000000 MB")
+    if not (mb == 0.0 or 1e-6 <= mb <= 1_000_000.0):  # a size under one byte would be no cache
+        raise argparse.ArgumentTypeError("must be 0 (off) or from 0.000001 (one byte) to 1000000 MB")
     return mb
 
 

@@ -129,7 +129,10 @@ class Worker:
             self.limits.max_sessions = await measure_capacity(self.engines[self.default_engine])
             log.info("capacity of %s on this host: %d sessions", self.default_engine, self.limits.max_sessions)
         if self.phrase_cache is not None:
-            await warm_up(self.engines.values(), self.phrase_cache, self.warm_phrases)
+            # An engine behind a fallback is warmed itself: its turns are the same, and a slow
+            # first synthesis must not count against its breaker.
+            engines = [e.primary if isinstance(e, FallbackEngine) else e for e in self.engines.values()]
+            await warm_up(engines, self.phrase_cache, self.warm_phrases)
         self.metrics.set_limits(self.limits)
         self.ready = True
 

@@ -55,8 +55,9 @@ class RunningWorker(Server):
 @pytest.fixture(scope="session")
 def start_worker():
     """Start a ``myna serve`` process for a test that needs a real one (signals, logs, an
-    install without some extra): ``start_worker("--drain-timeout", "5", env=..., timeout=60)`` returns its
-    :class:`RunningWorker` (``url``, ``proc``, ``log_path``). Stop it with ``stop()`` once done;
+    install without some extra): ``start_worker("--drain-timeout", "5", env=...)`` returns its
+    :class:`RunningWorker` (``url``, ``proc``, ``log_path``; ``timeout=`` s to become ready, for
+    a slow start such as a DSM checkpoint). Stop it with ``stop()`` once done;
     any still running are stopped at the end of the session. HTTP and WebSocket behaviour is
     tested in process instead (``inprocess.app_client``)."""
     started: list[RunningWorker] = []

@@ -325,9 +325,11 @@ def test_a_bad_budget_is_a_usage_error(capsys):
     assert exit.value.code == 2 and "--max-hold-ms" in capsys.readouterr().err
 
 
-def test_a_bad_phrase_cache_size_is_a_usage_error(capsys):
+@pytest.mark.parametrize("mb", ["-1", "nan", "inf", "0.0000001"])
+def test_a_bad_phrase_cache_size_is_a_usage_error(capsys, mb):
+    """(A size under one byte was taken, then failed at start-up with a traceback.)"""
     with pytest.raises(SystemExit) as exit:
-        main(["serve", "--phrase-cache-mb", "-1"])
+        main(["serve", "--phrase-cache-mb", mb])
     assert exit.value.code == 2 and "--phrase-cache-mb" in capsys.readouterr().err
 
 

@@ -52,6 +52,22 @@ def test_a_given_token_beats_the_environment_and_the_environment_beats_nothing(m
     assert Credentials().token() == "from-env"  # a token is used as it is, not replaced by a minted one
 
 
+def test_a_token_with_a_line_end_is_sent_without_it_and_garbage_is_refused_by_name(monkeypatch):
+    """A token read from an env file ends with "\\n" or "\\r\\n": the header carries the token
+    alone (a line end in a header was refused by aiohttp as "header injection"); a token with
+    spaces or control characters inside is no token, and the error says where it came from."""
+    monkeypatch.setenv("MYNA_TOKEN", "from-env\r\n")
+    assert Credentials().headers() == {"Authorization": "Bearer from-env"}
+    assert Credentials(" given\n").token() == "given"
+    monkeypatch.setenv("MYNA_TOKEN", "  ")
+    assert Credentials().headers() == {}  # blank: no token, as when unset
+    monkeypatch.setenv("MYNA_TOKEN", "two\nlines")
+    with pytest.raises(ValueError, match="MYNA_TOKEN is not an access token"):
+        Credentials()
+    with pytest.raises(ValueError, match="the token given is not an access token"):
+        Credentials("a b")
+
+
 def test_a_key_pair_mints_a_fresh_token_the_worker_accepts_for_each_connection(monkeypatch):
     monkeypatch.setenv("MYNA_API_KEY", KEY)
     monkeypatch.setenv("MYNA_API_SECRET", SECRET)

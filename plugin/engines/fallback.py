@@ -94,8 +94,9 @@ class CircuitBreaker:
         return None
 
     def success(self) -> None:
-        """A turn was spoken by the engine: an open or half-open breaker closes (failures of a
-        closed one keep counting within their window)."""
+        """The probe turn was spoken by the engine: the breaker closes (failures of a closed one
+        keep counting within their window). Turns admitted ``closed`` report no success: one
+        begun before the breaker opened says nothing of the engine now."""
         if self._opened_at is not None:
             self._opened_at, self._probing = None, False
 
@@ -193,6 +194,8 @@ class FallbackStream(SynthesisStream):
         self._resampler = None  # fallback rate → primary rate
         self._watchdog = None
         self._switched = False
+        self._active: SynthesisStream | None = None  # None: switched, the fallback not open yet
+        self._opened = asyncio.Event()  # the fallback's stream was opened
         self._done = self._loop.create_future()  # this turn is finished (the next one's late clock starts)
         previous = engine._group_tails.get(group) if group is not None else None
         self._ready_at: float | None = None  # the group's previous turn finished
@@ -214,19 +217,24 @@ class FallbackStream(SynthesisStream):
                 engine.breaker.failure()
                 reason = "error"
         if reason is not None:
-            self._switched = True
-            self._active = engine.fallback.stream(None, group)
-            self._emit(FallbackEvent(engine.primary.name, engine.fallback.name, reason, 0))
+            try:
+                self._switch(reason, count=False)
+            except BaseException:
+                self._release()  # no turn: the group's next one must not wait for it
+                raise
         self._task = self._loop.create_task(self._run())
 
     # -- text in: to the active engine, and tracked -------------------------------------------
     def push_text(self, chunk: str) -> None:
         self._last_text_at = self._now()
         super().push_text(chunk)
-        self._active.push_text(chunk)
+        if self._active is not None:  # (else the fallback gets it from the intake when it opens)
+            self._active.push_text(chunk)
 
     def _take(self, items) -> None:
-        """Track words and pauses; the active engine reports left-out scripts itself."""
+        """Track words and pauses, and report left-out scripts here, once per turn whichever
+        engine speaks (the engines' own reports are dropped: each would report its part)."""
+        super()._take(items)
         for item in items:
             if isinstance(item, (str, Pause)):
                 self._items.append(item)
@@ -239,11 +247,13 @@ class FallbackStream(SynthesisStream):
         pass
 
     def _on_end_input(self) -> None:
-        self._active.end_input()
+        if self._active is not None:
+            self._active.end_input()
 
     def _on_cancel(self) -> None:
         self._disarm_watchdog()
-        self._active.cancel()
+        if self._active is not None:
+            self._active.cancel()
         self._task.cancel()
         if self._admitted == CircuitBreaker.HALF_OPEN and not self._switched:
             self._engine.breaker.release()
@@ -255,6 +265,13 @@ class FallbackStream(SynthesisStream):
 
     def _previous_done(self, _future) -> None:
         self._ready_at = self._now()
+        if self._switched and self._active is None and not self.cancelled:
+            try:
+                self._open_fallback()
+            except Exception as exc:  # the fallback cannot take the turn: it ends, as without one
+                log.exception("%s could not take a turn", self._engine.fallback.name)
+                self._task.cancel()
+                self._fail(exc if isinstance(exc, EngineError) else EngineError("engine_failed", f"fallback failed: {exc}"))
         self._rearm()
 
     # -- items out ---------------------------------------------------------------------------
@@ -262,6 +279,10 @@ class FallbackStream(SynthesisStream):
         try:
             while True:
                 stream = self._active
+                if stream is None:  # switched, the fallback opens when the previous turn is done
+                    self._opened.clear()
+                    await self._opened.wait()
+                    continue
                 try:
                     async for item in stream:
                         if stream is not self._active:
@@ -278,8 +299,13 @@ class FallbackStream(SynthesisStream):
                     break  # the active engine finished the turn
             self._release_words(every=True)  # the engine is done: its last words are in its audio
             self._flush_resampler()
-            if not self._switched:
-                self._engine.breaker.success()
+            if self._admitted == CircuitBreaker.HALF_OPEN and not self._switched:
+                # Only the probe has a verdict (a turn begun before the breaker opened has none),
+                # and only one that spoke: a turn with no words proves nothing.
+                if self._heard:
+                    self._engine.breaker.success()
+                else:
+                    self._engine.breaker.release()
         except asyncio.CancelledError:
             pass
         except EngineError as exc:
@@ -304,6 +330,8 @@ class FallbackStream(SynthesisStream):
         elif isinstance(item, WordEvent):
             self._words_out.append(WordEvent(item.word, item.start_ms + self._offset_ms))
             self._release_words(every=self._switched)
+        elif isinstance(item, ErrorEvent) and item.code == "unsupported_language":
+            pass  # reported by this stream (_take)
         elif isinstance(item, ErrorEvent) and item.code == "unit_failed" and not self._switched:
             log.warning("%s: %s; switching to %s", self._engine.primary.name, item.message, self._engine.fallback.name)
             self._switch("error")  # the fallback speaks the unit: nothing is left out
@@ -339,22 +367,34 @@ class FallbackStream(SynthesisStream):
                 self._emit(AudioChunk(tail, self.sample_rate))
 
     # -- the switch ------------------------------------------------------------------------
-    def _switch(self, reason: str) -> None:
-        """Cancel the primary's stream and give the fallback's the words not yet heard."""
+    def _switch(self, reason: str, count: bool = True) -> None:
+        """Cancel the primary's stream (``count``: a failure for its breaker) and give the
+        fallback's the words not yet heard: now, or once the session's previous turn has
+        finished synthesis (the fallback's own order of a session's turns is the order its
+        streams open in: a later turn opened first would go first)."""
         engine = self._engine
         self._switched = True
         self._disarm_watchdog()
-        engine.breaker.failure()
-        self._active.cancel()
+        if count:
+            engine.breaker.failure()
+        if self._active is not None:
+            self._active.cancel()
+        self._active = None
         self._words_out.clear()  # announced, never heard: the fallback speaks them
         self._offset_ms = self._out_ms
-        stream = engine.fallback.stream(None, self._group)
+        if self._ready_at is not None:
+            self._open_fallback()
+        self._emit(FallbackEvent(engine.primary.name, engine.fallback.name, reason, self._heard))
+
+    def _open_fallback(self) -> None:
+        """The fallback's stream for the rest of the turn, made active."""
+        stream = self._engine.fallback.stream(None, self._group)
         quiet_for = None if self._text_at is None else self._now() - self._text_at
         stream.resume(self._unheard(), copy.deepcopy(self._intake), quiet_for)
         if self._input_ended:
             stream.end_input()
         self._active = stream
-        self._emit(FallbackEvent(engine.primary.name, engine.fallback.name, reason, self._heard))
+        self._opened.set()
 
     def _unheard(self) -> list[str | Pause]:
         """The tracked items after the words already heard."""

@@ -12,12 +12,13 @@ joins, so a cached unit goes through exactly the same steps as a synthesised one
 reads them alike; checked against Piper's phonemiser (espeak-ng), which is what the voice reads:
 
 - whitespace runs are one space, and the ends are stripped;
-- a word's case is folded when only its first letter may be a capital (``"Sure"`` = ``"sure"``,
-  ``"Thanks For"`` = ``"thanks for"``); a word with a capital after its first letter is kept as
-  written (``"US"`` is read "U S", ``"us"`` is not; ``"iPhone"``, ``"McDonald"`` likewise);
+- case is kept: espeak's dictionary reads some words by their capital (``"Polish"`` is the
+  language, ``"polish"`` the verb; ``"US"`` is "U S"; ``"I am."`` is stressed otherwise than
+  ``"i am."``), and the DSM engine's tokenizer tells every case apart;
 - after the text's last letter or digit, closing quotes and brackets are not read and a run of
   marks is read as its first one (``"Sure!!"`` = ``"Sure!"``, ``"Sure?!"`` = ``"Sure?"``,
-  ``"Sure.)"`` = ``"Sure."``), with ``"..."`` read as ``"…"``.
+  ``"Sure.)"`` = ``"Sure."``), with ``"..."`` read as ``"…"``; symbols the voice reads are kept
+  (``"50%"`` is "fifty percent", ``"50"`` is not; ``"C++"``, ``"20°"``, ``"#"`` likewise).
 
 Everything else is kept: ``"Sure."``, ``"Sure?"``, ``"Sure!"`` and ``"Sure"`` are said
 differently (the final mark sets the intonation) and are four entries.
@@ -63,7 +64,8 @@ DEFAULT_PHRASES_FILE = files("myna.engines") / "phrases_en.txt"
 DEFAULT_MB = 64.0
 
 _TAIL = re.compile(r"[^\w\s]+$")  # the marks after the text's last letter or digit
-_MARKS = ".!?…,;:—"  # marks the voice reads (closing quotes and brackets are not)
+_MARKS = ".!?…,;:—"  # marks the voice reads as a pause or intonation, the first of a run
+_CLOSERS = "\"'”’»)]}"  # closing quotes and brackets: not read
 
 
 def phrase_key(text: str) -> str:
@@ -71,13 +73,11 @@ def phrase_key(text: str) -> str:
     the module docstring).
 
     >>> phrase_key("  Thanks for  calling!! ")
-    'thanks for calling!'
-    >>> phrase_key("Sure.") == phrase_key("sure.") != phrase_key("Sure?")
+    'Thanks for calling!'
+    >>> phrase_key("Sure!?)") == phrase_key("Sure!") != phrase_key("Sure?")
     True
-    >>> phrase_key("The US.")
-    'the US.'
     """
-    words = [w if any(c.isupper() for c in w[1:]) else w.lower() for w in text.split()]
+    words = text.split()
     if not words:
         return ""
     last = words[-1]
@@ -85,8 +85,11 @@ def phrase_key(text: str) -> str:
     if tail is not None:
         marks = tail.group().replace("...", "…")
         first = next((c for c in marks if c in _MARKS), "")
-        words[-1] = last[: tail.start()] + first
+        # Symbols the voice reads ("50%", "C++", "20°", "#") stay; only closers and repeats go.
+        said = "".join(c for c in marks if c not in _MARKS and c not in _CLOSERS)
+        words[-1] = last[: tail.start()] + said + first
     return " ".join(words)
+
 
 
 @dataclass(frozen=True)

@@ -175,7 +175,7 @@ async def test_a_seeded_engine_bypasses_the_phrase_cache_unless_asked(engine, ca
     opened = _slots_opened(engine)
     try:
         first = await _whole_turn(engine, "Sure, one moment.")
-        again = await _whole_turn(engine, "sure, one moment.")
+        again = await _whole_turn(engine, "Sure, one moment.)")
     finally:
         del engine.loop.open
         engine.use_phrase_cache(None)
@@ -189,7 +189,7 @@ async def test_a_seeded_engine_bypasses_the_phrase_cache_unless_asked(engine, ca
     words = lambda items: [(w.word, w.start_ms) for w in items if isinstance(w, WordEvent)]
     assert np.array_equal(pcm(first), pcm(again))
     assert [s for _, s in words(first)] == [s for _, s in words(again)]
-    assert [w for w, _ in words(again)] == ["sure", "one", "moment"]  # captions: this turn's own words
+    assert [w for w, _ in words(again)] == ["Sure", "one", "moment"]  # captions: this turn's own words
 
 
 async def test_a_turn_still_streaming_when_it_starts_is_not_cached(engine):

@@ -12,7 +12,7 @@ import pytest
 
 from inprocess import ManualTimer, ToneEngine
 from myna.engines import AudioChunk, ErrorEvent, FallbackEvent, WordEvent
-from myna.engines.base import spoken_word
+from myna.engines.base import EngineError, spoken_word
 from myna.engines.fallback import CircuitBreaker, FallbackEngine
 from myna.engines.faulty import FaultyEngine
 from myna.metrics import Metrics
@@ -398,3 +398,117 @@ def test_a_closed_breaker_counts_failures_in_the_window_whatever_succeeded_betwe
         timer.advance(1.0)
     breaker.failure()
     assert breaker.state == "open"
+
+
+async def test_only_the_probe_closes_an_open_breaker():
+    """A turn that began on the primary before the breaker opened (another session's failures)
+    and ends well is no probe: the breaker stays open until its cool-down and a probe."""
+    timer = ManualTimer()
+    breaker = CircuitBreaker(failures=1, window_s=60.0, cooldown_s=30.0, clock=timer.clock)
+    engine, primary, _ = engines(None, 0, timer, breaker=breaker)
+    long_turn = engine.stream(group=object())  # admitted while closed
+    long_turn.push_text(TEXT)
+    await settle()
+    breaker.failure()  # another session's turn fails: open
+    assert breaker.state == "open"
+    long_turn.end_input()
+    items = await collect(long_turn)
+    assert spoken(items) == WORDS and switches(items) == []
+    assert breaker.state == "open"  # new turns still go to the fallback
+
+
+async def test_a_probe_with_nothing_to_say_leaves_the_breaker_to_the_next_turn():
+    """A half-open probe turn that has no words proves nothing: the breaker is not closed by it,
+    and the next turn probes."""
+    timer = ManualTimer()
+    breaker = CircuitBreaker(failures=1, window_s=60.0, cooldown_s=30.0, clock=timer.clock)
+    engine, primary, _ = engines(None, 0, timer, breaker=breaker)
+    breaker.failure()
+    timer.advance(30.0)
+    empty = engine.stream(group=object())  # the probe
+    empty.end_input()
+    assert switches(await collect(empty)) == []
+    assert breaker.state == "half_open"
+    primary.fault = "raise"  # (the engine was never well: nothing had tested it)
+    probe = engine.stream(group=object())  # the next turn probes, and fails: open again
+    probe.push_text(TEXT)
+    probe.end_input()
+    items = await collect(probe)
+    assert spoken(items) == WORDS and [s.reason for s in switches(items)] == ["error"]
+    assert breaker.state == "open"
+
+
+async def test_a_turn_refused_by_both_engines_does_not_hold_up_the_sessions_next_turn():
+    """A turn that could not be opened at all (the breaker open and the fallback refusing a
+    stream) is over: the session's next turn is not left waiting for it, so its late clock runs."""
+    timer = ManualTimer()
+    breaker = CircuitBreaker(failures=1, window_s=60.0, cooldown_s=30.0, clock=timer.clock)
+    engine, primary, backup = engines("hang", 0, timer, breaker=breaker, after_ms=500)
+    group = object()
+    breaker.failure()  # open: the next turn goes straight to the fallback ...
+    backup_stream = backup.stream
+
+    def refuse(voice=None, group=None):
+        raise EngineError("engine_not_ready", "backup is still loading")
+
+    backup.stream = refuse  # ... which refuses it
+    with pytest.raises(EngineError):
+        engine.stream(group=group)
+    backup.stream = backup_stream
+    timer.advance(30.0)  # half-open: the next turn probes the (hanging) primary
+    stream = engine.stream(group=group)
+    stream.push_text(TEXT)
+    stream.end_input()
+    await settle()
+    timer.advance(0.51)
+    items = await collect(stream)
+    assert [s.reason for s in switches(items)] == ["late"] and spoken(items) == WORDS
+    assert group not in engine._group_tails  # nothing of the group is left behind
+
+
+@pytest.mark.parametrize("at_word", [0, 1, 2, 4])
+async def test_a_script_left_out_is_reported_once_per_turn_across_the_switch(at_word):
+    """``unsupported_language`` comes once per script and turn, also when the turn switches
+    engines while its text streams in (each engine's stream reported the script again)."""
+    timer = ManualTimer()
+    engine, _, _ = engines("raise", at_word, timer)
+    stream = engine.stream(group=object())
+    for chunk in ["one Прив", "ет tw", "o thr", "ee Мир", " fo", "ur fi", "ve."]:
+        stream.push_text(chunk)
+        await settle()
+        timer.advance(0.05)
+    stream.end_input()
+    items = await collect(stream)
+    assert spoken(items) == ["one", "two", "three", "four", "five"]
+    assert [i.code for i in items if isinstance(i, ErrorEvent)] == ["unsupported_language"]
+    assert len(switches(items)) == 1
+
+
+async def test_the_fallback_takes_a_sessions_turns_in_order_when_a_later_one_needs_it_first():
+    """Turn 1 on the primary, the breaker opens (other sessions), turn 2 goes straight to the
+    fallback, then turn 1 switches: the fallback opens turn 1's rest first. (It opened turn 2
+    first, and an engine that synthesises a session's turns in the order they open (Piper) made
+    the listener of turn 1 wait for all of turn 2.)"""
+    timer = ManualTimer()
+    breaker = CircuitBreaker(failures=1, window_s=60.0, cooldown_s=30.0, clock=timer.clock)
+    engine, _, backup = engines("hang", 2, timer, breaker=breaker, after_ms=500, stall_ms=500)
+    opened = []
+    inner = backup.stream
+    backup.stream = lambda voice=None, group=None: opened.append(inner(voice, group)) or opened[-1]
+    group = object()
+    first = engine.stream(group=group)
+    first.push_text(TEXT)
+    first.end_input()
+    await settle()
+    breaker.failure()  # another session's turn failed: open
+    second = engine.stream(group=group)
+    second.push_text("seven eight.")
+    second.end_input()
+    await settle()
+    assert opened == []  # turn 2 waits for turn 1 to finish synthesis, as it would on one engine
+    timer.advance(2.0)  # turn 1 stalls after two words: the fallback takes its rest
+    items_first, items_second = await collect(first), await collect(second)
+    assert opened == [first._active, second._active]
+    assert spoken(items_first) == WORDS and spoken(items_second) == ["seven", "eight"]
+    assert [s.reason for s in switches(items_first)] == ["stall"]
+    assert switches(items_second) == [FallbackEvent("primary", "backup", "open", 0)]
