@@ -6,25 +6,13 @@ import os
 import time
 from pathlib import Path
 
-import ifaddr
 import pytest
 
+from inprocess import loopback_only
 from myna.bench.processes import Server, free_port
 
 REPO = Path(__file__).resolve().parent.parent
 ARTIFACTS = REPO / "test-artifacts"
-
-
-def _loopback_only() -> bool:
-    """Only loopback addresses here, apart from the veth pair the LiveKit tests add inside this
-    same namespace (myna.room.localserver.media_address: both ends stay in it)."""
-    from myna.room.localserver import VETH
-
-    return all(
-        (ip.ip if isinstance(ip.ip, str) else ip.ip[0]) in ("127.0.0.1", "::1")
-        for adapter in ifaddr.get_adapters() if adapter.name not in VETH
-        for ip in adapter.ips
-    )
 
 
 def without_modules(*modules: str) -> dict[str, str]:
@@ -39,7 +27,7 @@ class RunningWorker(Server):
     :meth:`stop`); ``env`` adds to its environment."""
 
     def __init__(self, *args: str, timeout: float = 60.0, env: dict[str, str] | None = None):
-        if not _loopback_only():
+        if not loopback_only():
             pytest.fail("network tests must run in a loopback-only namespace: use `bash scripts/test.sh`")
         ARTIFACTS.mkdir(exist_ok=True)
         log_path = ARTIFACTS / f"worker-{time.monotonic_ns()}.log"

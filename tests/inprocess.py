@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import ifaddr
 import numpy as np
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -38,6 +39,18 @@ class ToneStream(SynthesisStream):
     def _on_end_input(self) -> None:
         self._finish()
 
+
+
+def loopback_only() -> bool:
+    """Only loopback addresses here, apart from the veth pair the LiveKit tests add inside this
+    same namespace (myna.room.localserver.media_address: both ends stay in it)."""
+    from myna.room.localserver import VETH
+
+    return all(
+        (ip.ip if isinstance(ip.ip, str) else ip.ip[0]) in ("127.0.0.1", "::1")
+        for adapter in ifaddr.get_adapters() if adapter.name not in VETH
+        for ip in adapter.ips
+    )
 
 class ToneEngine(Engine):
     """Args: name; sample_rate of its chunks (Hz); word_ms per word; pcm(ms) → the chunk."""

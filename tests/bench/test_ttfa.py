@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from inprocess import loopback_only
 from myna.bench import add_parsers
 from myna.bench import ttfa
 
@@ -107,21 +108,11 @@ def test_plot_writes_a_png(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def _loopback_only() -> bool:
-    """Only loopback addresses, apart from the LiveKit tests' veth pair inside this namespace."""
-    import ifaddr
-
-    from myna.room.localserver import VETH
-
-    return all((ip.ip if isinstance(ip.ip, str) else ip.ip[0]) in ("127.0.0.1", "::1")
-               for adapter in ifaddr.get_adapters() if adapter.name not in VETH for ip in adapter.ips)
-
-
 @pytest.mark.network
 def test_headless_race_under_load(tmp_path):
     """The CI run, beside a busy CPU process: the strategies at 1 and 4 sessions; the clause lane
     wins the races; a session joining two long replies is not held behind their synthesis."""
-    if not _loopback_only():
+    if not loopback_only():
         pytest.fail("the headless race must run in a loopback-only namespace (unshare -n, see the module docstring)")
     ARTIFACTS.mkdir(exist_ok=True)
     out, png = ARTIFACTS / "bench-ttfa.json", ARTIFACTS / "bench-ttfa.png"
