@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -40,6 +41,22 @@ class ToneStream(SynthesisStream):
         self._finish()
 
 
+
+
+async def collect(stream, timeout: float = 60.0) -> list:
+    """Every item of a :class:`~myna.engines.SynthesisStream` until it ends.
+
+    Raises:
+        TimeoutError: it did not end within ``timeout`` s.
+    """
+    items = []
+
+    async def run():
+        async for item in stream:
+            items.append(item)
+
+    await asyncio.wait_for(run(), timeout)
+    return items
 
 def loopback_only() -> bool:
     """Only loopback addresses here, apart from the veth pair the LiveKit tests add inside this

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from inprocess import collect
 from myna.engines import AudioChunk, EngineError, WordEvent
 
 os.environ.setdefault("NO_TORCH_COMPILE", "1")
@@ -31,15 +32,6 @@ def engine(tmp_path_factory):
     torch.set_num_threads(threads)
 
 
-async def _collect(stream, timeout=60):
-    items = []
-
-    async def run():
-        async for item in stream:
-            items.append(item)
-
-    await asyncio.wait_for(run(), timeout)
-    return items
 
 
 async def test_a_turn_streams_frames_and_words(engine):
@@ -49,7 +41,7 @@ async def test_a_turn_streams_frames_and_words(engine):
     for chunk in ("Hel", "lo wor", "ld, how are", " you?"):
         stream.push_text(chunk)
     stream.end_input()
-    items = await _collect(stream)
+    items = await collect(stream)
     audio = [i for i in items if isinstance(i, AudioChunk)]
     words = [i for i in items if isinstance(i, WordEvent)]
     assert audio and all(a.sample_rate == 24000 and a.pcm.shape == (1920,) for a in audio)
@@ -59,7 +51,7 @@ async def test_a_turn_streams_frames_and_words(engine):
     again = engine.stream()
     again.push_text("Hello world, how are you?")
     again.end_input()
-    pcm2 = np.concatenate([i.pcm for i in await _collect(again) if isinstance(i, AudioChunk)])
+    pcm2 = np.concatenate([i.pcm for i in await collect(again) if isinstance(i, AudioChunk)])
     np.testing.assert_array_equal(np.concatenate([a.pcm for a in audio]), pcm2)
 
 
@@ -77,7 +69,7 @@ async def test_cancel_ends_the_stream_and_frees_the_slot(engine):
     first = await asyncio.wait_for(it.__anext__(), 30)
     assert isinstance(first, (AudioChunk, WordEvent))
     stream.cancel()
-    await _collect(stream, 5)
+    await collect(stream, 5)
     for _ in range(200):
         if engine.loop.busy_slots == 0:
             break
@@ -98,9 +90,9 @@ async def test_an_engine_exception_ends_only_its_own_turn(engine):
         s.push_text("Hello there, friend.")
         s.end_input()
     with pytest.raises(EngineError) as err:
-        await _collect(bad)
+        await collect(bad)
     assert err.value.code == "engine_failed"
-    items = await _collect(good)
+    items = await collect(good)
     assert any(isinstance(i, AudioChunk) for i in items)
 
 
@@ -120,7 +112,7 @@ async def test_churn_leaves_no_slots_or_tasks(engine):
             stream.cancel()
         else:
             stream.end_input()  # an empty turn ends by itself
-        await _collect(stream, 60)
+        await collect(stream, 60)
 
     await asyncio.wait_for(asyncio.gather(*(turn(i) for i in range(60))), 120)
     for _ in range(200):
@@ -139,18 +131,18 @@ async def test_a_sessions_queued_turns_hold_one_slot_and_empty_turns_take_none(e
         t.end_input()
     await asyncio.sleep(0.05)
     assert engine.loop.busy_slots + engine.loop.waiting_sessions <= 1
-    results = [await _collect(t, 60) for t in turns]
+    results = [await collect(t, 60) for t in turns]
     assert all(any(isinstance(i, AudioChunk) for i in r) for r in results)
     empty = engine.stream(group=group)
     empty.end_input()
-    assert await _collect(empty, 5) == []
+    assert await collect(empty, 5) == []
 
 
 async def _whole_turn(engine, text: str) -> list:
     stream = engine.stream()
     stream.push_text(text)
     stream.end_input()  # before the slot opens: the whole turn is known
-    return await _collect(stream)
+    return await collect(stream)
 
 
 def _slots_opened(engine) -> list:
@@ -204,7 +196,7 @@ async def test_a_turn_still_streaming_when_it_starts_is_not_cached(engine):
         await asyncio.sleep(0.05)  # the slot opens while the text goes on
         stream.push_text(" moment.")
         stream.end_input()
-        assert any(isinstance(i, AudioChunk) for i in await _collect(stream))
+        assert any(isinstance(i, AudioChunk) for i in await collect(stream))
         long = await _whole_turn(engine, "one two three four five six seven eight nine ten eleven twelve thirteen.")
         assert any(isinstance(i, AudioChunk) for i in long)
     finally:

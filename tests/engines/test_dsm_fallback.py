@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+from functools import partial
 
 import pytest
 import pytest_asyncio
 import torch
 
 from inprocess import ManualTimer
+from inprocess import collect as collect_items
 from myna.engines import AudioChunk, FallbackEvent, WordEvent
 from myna.engines.base import spoken_word
 from myna.engines.fallback import FallbackEngine
@@ -43,15 +45,7 @@ async def engines(tmp_path_factory):
     torch.set_num_threads(threads)
 
 
-async def collect(stream, timeout: float = 120.0) -> list:
-    items = []
-
-    async def run():
-        async for item in stream:
-            items.append(item)
-
-    await asyncio.wait_for(run(), timeout)
-    return items
+collect = partial(collect_items, timeout=120.0)  # this module's bound (s)
 
 
 async def until(condition, timeout: float = 60.0) -> None:

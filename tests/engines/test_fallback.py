@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+from functools import partial
 
 import numpy as np
 import pytest
 
 from inprocess import ManualTimer, ToneEngine
+from inprocess import collect as collect_items
 from myna.engines import AudioChunk, ErrorEvent, FallbackEvent, WordEvent
 from myna.engines.base import EngineError, spoken_word
 from myna.engines.fallback import CircuitBreaker, FallbackEngine
@@ -28,15 +30,7 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
-async def collect(stream, timeout: float = 30.0) -> list:
-    items = []
-
-    async def run():
-        async for item in stream:
-            items.append(item)
-
-    await asyncio.wait_for(run(), timeout)
-    return items
+collect = partial(collect_items, timeout=30.0)  # this module's bound (s)
 
 
 def spoken(items) -> list[str]:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 
 import numpy as np
 import pytest
 
+from inprocess import collect as collect_items
 from myna.engines import AudioChunk, EngineError, WordEvent
 from myna.engines.piper import PiperEngine
 
@@ -21,15 +23,7 @@ def engine():
     return asyncio.run(start())
 
 
-async def collect(stream, timeout: float = 120.0):
-    items = []
-
-    async def run():
-        async for item in stream:
-            items.append(item)
-
-    await asyncio.wait_for(run(), timeout)
-    return items
+collect = partial(collect_items, timeout=120.0)  # this module's bound (s)
 
 
 async def test_first_clause_is_synthesised_before_the_turn_ends(engine):

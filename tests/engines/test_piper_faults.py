@@ -10,7 +10,7 @@ import json
 import pytest
 import pytest_asyncio
 
-from inprocess import ToneEngine
+from inprocess import ToneEngine, collect
 from myna.engines import AudioChunk, EngineError, ErrorEvent, FallbackEvent, WordEvent
 from myna.engines.fallback import FallbackEngine
 from myna.engines.piper import PiperEngine
@@ -56,14 +56,7 @@ def faults(engine):
 async def turn(stream, text: str, timeout: float = 120.0) -> list:
     stream.push_text(text)
     stream.end_input()
-    items = []
-
-    async def run():
-        async for item in stream:
-            items.append(item)
-
-    await asyncio.wait_for(run(), timeout)
-    return items
+    return await collect(stream, timeout)
 
 
 def words(items) -> list[str]:
