@@ -10,6 +10,7 @@ import os
 import pytest
 import torch
 
+from inprocess import collect
 from myna.engines import ErrorEvent, WordEvent
 
 os.environ.setdefault("NO_TORCH_COMPILE", "1")
@@ -35,14 +36,7 @@ async def _run(engine, chunks):
     for chunk in chunks:
         stream.push_text(chunk)
     stream.end_input()
-    items = []
-
-    async def drain():
-        async for item in stream:
-            items.append(item)
-
-    await asyncio.wait_for(drain(), 120)
-    return items
+    return await collect(stream, 120)
 
 
 async def test_tags_are_never_spoken(engine):

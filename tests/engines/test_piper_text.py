@@ -13,7 +13,7 @@ import pytest_asyncio
 from myna.engines import AudioChunk, ErrorEvent, WordEvent
 from myna.engines.piper import STRATEGIES, PiperEngine, PiperStream
 
-from inprocess import ManualTimer
+from inprocess import ManualTimer, collect
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -36,14 +36,7 @@ async def run(stream, chunks, end: bool = True, timeout: float = 60.0):
         stream.push_text(chunk)
     if end:
         stream.end_input()
-    items = []
-
-    async def drain():
-        async for item in stream:
-            items.append(item)
-
-    await asyncio.wait_for(drain(), timeout)
-    return items
+    return await collect(stream, timeout)
 
 
 async def until_word(stream, word: str, timeout: float = 60.0) -> list:
