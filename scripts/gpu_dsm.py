@@ -42,7 +42,8 @@ import traceback
 from pathlib import Path
 
 os.environ.setdefault("NO_TORCH_COMPILE", "1")  # before moshi is imported
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # noqa: E402 (run from a checkout)
+_REPO = Path(__file__).resolve().parent.parent  # run from a checkout: the package folders first
+sys.path[:0] = [str(_REPO / folder) for folder in ("plugin", "server", "web")]
 
 import torch  # noqa: E402
 

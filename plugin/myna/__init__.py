@@ -8,3 +8,7 @@ paced into 20 ms, 48 kHz frames (:mod:`myna.audio`) and sent as Opus over WebRTC
 """
 
 __version__ = "0.1.0"
+
+# In a checkout without an install (PYTHONPATH=plugin:server:web), myna.server and myna.web live in
+# server/myna/ and web/myna/: let this package span them (an install maps them in pyproject.toml).
+__path__ = __import__("pkgutil").extend_path(__path__, __name__)

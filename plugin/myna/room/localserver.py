@@ -34,7 +34,7 @@ from pathlib import Path
 LIVEKIT_VERSION = "v1.13.5"
 #: Where ``scripts/setup.sh dev`` puts the binary (git-ignored), relative to the project root.
 LOCAL_BIN = Path(".lk/bin/livekit-server")
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+PROJECT_ROOT = Path(__file__).resolve().parents[3]
 
 #: The key pair of servers started here (the secret is 32+ characters, as the server wants).
 DEV_KEY = "myna-dev"
