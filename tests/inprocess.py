@@ -60,8 +60,8 @@ async def collect(stream, timeout: float = 60.0) -> list:
 
 def loopback_only() -> bool:
     """Only loopback addresses here, apart from the veth pair the LiveKit tests add inside this
-    same namespace (myna.room.localserver.media_address: both ends stay in it)."""
-    from myna.room.localserver import VETH
+    same namespace (myna.bench.livekit_server.media_address: both ends stay in it)."""
+    from myna.bench.livekit_server import VETH
 
     return all(
         (ip.ip if isinstance(ip.ip, str) else ip.ip[0]) in ("127.0.0.1", "::1")

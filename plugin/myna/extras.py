@@ -16,7 +16,7 @@ EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
     "dsm": ("the dsm engine (PyTorch)", ("torch", "safetensors", "sentencepiece")),
     "pipecat": ("the Pipecat plug-in", ("pipecat", "loguru")),
     "livekit": ("the LiveKit Agents plug-in", ("livekit.agents",)),
-    "bench": ("benchmark plots", ("matplotlib",)),
+    "bench": ("benchmark plots and the soak benchmark", ("matplotlib", "psutil")),
     "hub": ("Hugging Face downloads", ("huggingface_hub",)),
 }
 

@@ -11,7 +11,7 @@ import pytest
 
 from myna.audio.playout import MAX_HOLD_S
 from myna.audio.preroll import FixedPreRoll, JitterAwarePreRoll, ProducerStats, worst_lateness
-from myna.audio.simulate import PRODUCERS, simulate_paced, timer_overshoot
+from myna.bench.simulate import PRODUCERS, simulate_paced, timer_overshoot
 
 TURNS = 10
 RULES = {"ours": JitterAwarePreRoll, "fixed_0": lambda: FixedPreRoll(0.0), "fixed_200": lambda: FixedPreRoll(0.2)}

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from myna.dsm import build_tiny_checkpoint, load
-from myna.dsm.tiny import TINY_VOICE
+from myna.bench.tiny_dsm import build_tiny_checkpoint
+from myna.dsm import load
+from myna.bench.tiny_dsm import TINY_VOICE
 
 # The reference torch.compiles small kernels lazily unless told not to; compiling on CPU costs
 # seconds per kernel and changes nothing we compare.

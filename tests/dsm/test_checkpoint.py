@@ -1,4 +1,4 @@
-"""Checkpoint loading (myna.dsm.checkpoint, myna.dsm.config, myna.dsm.tiny): fused and split names,
+"""Checkpoint loading (myna.dsm.checkpoint, myna.dsm.config, myna.bench.tiny_dsm): fused and split names,
 clear errors for a missing key, a wrong shape and a missing voice, the released layout."""
 
 from __future__ import annotations

@@ -27,8 +27,8 @@ def get(url: str) -> tuple[int, str]:
 
 
 def test_serve_dsm_with_a_piper_fallback(start_worker, tmp_path):
-    from myna.dsm import build_tiny_checkpoint
-    from myna.dsm.tiny import TINY_VOICE
+    from myna.bench.tiny_dsm import build_tiny_checkpoint
+    from myna.bench.tiny_dsm import TINY_VOICE
 
     folder = build_tiny_checkpoint(tmp_path / "tiny", seed=0)
     worker = start_worker("--engine", "dsm", "--fallback", "piper", "--dsm-checkpoint", str(folder),

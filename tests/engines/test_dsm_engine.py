@@ -18,8 +18,8 @@ os.environ.setdefault("NO_TORCH_COMPILE", "1")
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    from myna.dsm import build_tiny_checkpoint
-    from myna.dsm.tiny import TINY_VOICE
+    from myna.bench.tiny_dsm import build_tiny_checkpoint
+    from myna.bench.tiny_dsm import TINY_VOICE
     from myna.engines.dsm import DSMEngine
 
     threads = torch.get_num_threads()

@@ -17,7 +17,7 @@ from inprocess import collect as collect_items
 from myna.engines import AudioChunk, FallbackEvent, WordEvent
 from myna.engines.base import spoken_word
 from myna.engines.fallback import FallbackEngine
-from myna.engines.faulty import FaultyEngine
+from myna.bench.faulty import FaultyEngine
 from myna.engines.piper import PiperEngine
 
 os.environ.setdefault("NO_TORCH_COMPILE", "1")
@@ -29,8 +29,8 @@ WORDS = [spoken_word(w) for w in TEXT.split()]
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def engines(tmp_path_factory):
-    from myna.dsm import build_tiny_checkpoint
-    from myna.dsm.tiny import TINY_VOICE
+    from myna.bench.tiny_dsm import build_tiny_checkpoint
+    from myna.bench.tiny_dsm import TINY_VOICE
     from myna.engines.dsm import DSMEngine
 
     threads = torch.get_num_threads()

@@ -16,7 +16,7 @@ from inprocess import collect as collect_items
 from myna.engines import AudioChunk, ErrorEvent, FallbackEvent, WordEvent
 from myna.engines.base import EngineError, spoken_word
 from myna.engines.fallback import CircuitBreaker, FallbackEngine
-from myna.engines.faulty import FaultyEngine
+from myna.bench.faulty import FaultyEngine
 from myna.metrics import Metrics
 from myna.rtc.session import Session
 

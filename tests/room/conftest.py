@@ -3,7 +3,7 @@
 The server comes from ``scripts/setup.sh dev`` (``go install`` of v1.13.5 into ``.lk/bin``).
 Where Go is present the server must be too: these tests fail rather than skip. Where Go is
 missing they skip and say what to install. Media uses a veth pair inside the test namespace
-(libwebrtc ignores loopback; see myna.room.localserver).
+(libwebrtc ignores loopback; see myna.bench.livekit_server).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import shutil
 import pytest
 import pytest_asyncio
 
-from myna.room.localserver import (LiveKitServer, RedisServer, find_livekit_server, isolated_namespace, media_address,
+from myna.bench.livekit_server import (LiveKitServer, RedisServer, find_livekit_server, isolated_namespace, media_address,
                                    missing_livekit_server)
 from tests.room.support import ARTIFACTS
 

@@ -12,7 +12,7 @@ import time
 import uuid
 from pathlib import Path
 
-from myna.room.localserver import DEV_KEY, DEV_SECRET, LiveKitServer
+from myna.bench.livekit_server import DEV_KEY, DEV_SECRET, LiveKitServer
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
@@ -22,7 +22,7 @@ def room_name() -> str:
 
 
 def token(room: str, identity: str, **kw) -> str:
-    from myna.room.client import participant_token
+    from myna.room.tokens import participant_token
 
     return participant_token(DEV_KEY, DEV_SECRET, room, identity, **kw)
 
@@ -35,7 +35,7 @@ async def myna_in_room(node: LiveKitServer, room: str, engine, identity: str = "
 
     from myna.metrics import Metrics
     from myna.room.agent import RoomAgent
-    from myna.room.client import participant_token
+    from myna.room.tokens import participant_token
 
     lk_room = rtc.Room()
     agent = RoomAgent(lk_room, engine, Metrics(), **kw)

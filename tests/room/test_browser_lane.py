@@ -3,7 +3,7 @@
 ``myna serve --livekit-url`` serves the page, opens a room with Myna in it for the lane, and
 serves livekit-client from the set-up's npm install. The lane races a direct lane and is
 measured with the same onset rule. Chromium reaches the server's media address over the veth
-pair inside the test namespace (myna.room.localserver).
+pair inside the test namespace (myna.bench.livekit_server).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import urllib.request
 
 import pytest
 
-from myna.room.localserver import DEV_KEY, DEV_SECRET, free_port
+from myna.bench.livekit_server import DEV_KEY, DEV_SECRET, free_port
 from myna.server.room_lane import client_bundle
 from tests.e2e.test_browser import CHROMIUM, CHROMIUM_ARGS, Console, _connected, _fresh, _lane, _number, _race_done
 from tests.room.support import ARTIFACTS

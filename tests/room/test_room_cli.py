@@ -10,8 +10,8 @@ import time
 import pytest
 from livekit import api
 
-from myna.room.client import RoomClient
-from myna.room.localserver import DEV_KEY, DEV_SECRET, LiveKitServer, media_address
+from myna.bench.room_client import RoomClient
+from myna.bench.livekit_server import DEV_KEY, DEV_SECRET, LiveKitServer, media_address
 from tests.e2e.test_serve import SENTENCES
 from tests.room.support import Myna, room_name, token
 

@@ -15,8 +15,8 @@ import urllib.request
 import pytest
 import pytest_asyncio
 
-from myna.room.client import RoomClient
-from myna.room.localserver import free_port
+from myna.bench.room_client import RoomClient
+from myna.bench.livekit_server import free_port
 from tests.e2e.test_serve import SENTENCES
 from tests.room.support import Myna, room_name, token
 
@@ -71,7 +71,7 @@ async def test_rooms_hosted_on_either_node_are_served(livekit_cluster, workers):
     other node, and Myna, registered with either node, serves it."""
     from livekit import api
 
-    from myna.room.localserver import DEV_KEY, DEV_SECRET
+    from myna.bench.livekit_server import DEV_KEY, DEV_SECRET
 
     _, ids = workers
     for host, entry in ((0, 1), (1, 0)):

@@ -204,7 +204,7 @@ def wrap(cfg, lm, mimi, ref_models, folder: Path, n_q: int | None = None):
 
     from myna.dsm import DSMTTS
     from myna.dsm.state_machine import INITIAL_PADDING
-    from myna.dsm.tiny import train_tokenizer
+    from myna.bench.tiny_dsm import train_tokenizer
 
     tokenizer_path = folder / "tokenizer.model"
     train_tokenizer(tokenizer_path, cfg.text_card)

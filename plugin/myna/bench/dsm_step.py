@@ -68,7 +68,7 @@ def build_pair(cfg, device, dtype, with_ref: bool, seed: int = 0):
     from myna.dsm.checkpoint import codebook_names, mimi_checkpoint_name
     from myna.dsm.lm import DSMLM
     from myna.dsm.mimi import MimiDecoder
-    from myna.dsm.tiny import randomize
+    from myna.bench.tiny_dsm import randomize
 
     with torch.device("meta"):
         lm = DSMLM(cfg)

@@ -1,7 +1,7 @@
 """``myna bench fallback``: how fast and how cleanly a turn moves to the fallback engine (issue 14.1).
 
 In process, on the engines' own streams (no network): the primary is the embedded Piper voice
-behind an injected fault (:mod:`myna.engines.faulty`; the released DSM weights are not
+behind an injected fault (:mod:`myna.bench.faulty`; the released DSM weights are not
 available here), the fallback is the same loaded Piper voice. Per trial, interleaved:
 
 - ``alone``: the fallback by itself: its own TTFA (text in → first audio chunk out);
@@ -75,7 +75,7 @@ async def measure(text: str, trials: int, at_word: int, after_ms: float, stall_m
     """Run every case ``trials`` times, interleaved; per case the TTFA of each turn (ms), its
     word events' problems and its audio (float32 at the fallback's rate, for WER)."""
     from myna.engines.fallback import FallbackEngine
-    from myna.engines.faulty import FaultyEngine
+    from myna.bench.faulty import FaultyEngine
     from myna.engines.piper import PiperEngine
 
     piper = PiperEngine()
@@ -97,7 +97,7 @@ async def measure(text: str, trials: int, at_word: int, after_ms: float, stall_m
                 case["pcm"].append(pcm)
     finally:
         await piper.close()
-    return {"primary": "piper behind an injected fault (myna.engines.faulty), in process",
+    return {"primary": "piper behind an injected fault (myna.bench.faulty), in process",
             "fallback": "piper (the same loaded voice)", "text": text, "trials": trials, "at_word": at_word,
             "fallback_after_ms": after_ms, "fallback_stall_ms": stall_ms, "sample_rate": piper.sample_rate,
             "cpus": os.cpu_count(), "cases": cases}

@@ -2,7 +2,7 @@
 
 Three parts, one JSON:
 
-1. **Strategies × producers** on a virtual clock (:mod:`myna.audio.simulate`): five synthetic
+1. **Strategies × producers** on a virtual clock (:mod:`myna.bench.simulate`): five synthetic
    producers (fast steady 80 ms / 10 ms; bursty by sentence, its chunks ending at word
    boundaries; real-time factor 0.9 ± 50 % jitter; real-time factor 1.2; real time with gaps
    of 40 and 120 ms in turn) × four strategies (ours = jitter-aware pre-roll; fixed 0 ms (one
@@ -38,7 +38,7 @@ import time
 import numpy as np
 
 from myna.audio.preroll import FixedPreRoll, JitterAwarePreRoll
-from myna.audio.simulate import PRODUCERS, percentile, simulate_paced, simulate_sleep_writer
+from myna.bench.simulate import PRODUCERS, percentile, simulate_paced, simulate_sleep_writer
 
 STRATEGIES = ["ours", "fixed_0ms", "fixed_200ms", "sleep_writer"]
 

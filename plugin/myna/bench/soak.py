@@ -36,9 +36,9 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 
-import psutil
 
-from myna.audio.simulate import percentile
+from myna.bench.simulate import percentile
+from myna.extras import require
 
 REPLY = "Thanks, that is all."
 LONG_REPLY = ("The weather today is sunny, with a light breeze from the west. Tomorrow brings clouds in the "
@@ -100,13 +100,21 @@ class Counts:
     peer_connections: int
 
 
+def _rss_mb() -> float:
+    """This process's resident memory (MB)."""
+    import psutil
+
+    return round(psutil.Process().memory_info().rss / 2**20, 1)
+
+
 def counts() -> Counts:
     """This process's counts, after a full garbage collection (call on the event loop)."""
+    import psutil
     from aiortc import RTCPeerConnection
 
     gc.collect()
     process = psutil.Process()
-    rss_mb = round(process.memory_info().rss / 2**20, 1)
+    rss_mb = _rss_mb()
     threads = threading.enumerate()
     pool = sum(t.name.startswith(("asyncio_", "ThreadPoolExecutor-")) for t in threads)  # executors' workers
     return Counts(
@@ -189,7 +197,7 @@ async def run_cycles(url: str, n: int, concurrency: int, first: int = 0, rss_mb:
                 failures += 1
                 print(f"cycle {i} failed: {exc}", file=sys.stderr)
             if (i + 1) % 100 == 0:
-                rss = round(psutil.Process().memory_info().rss / 2**20, 1)
+                rss = _rss_mb()
                 if rss_mb is not None:
                     rss_mb.append((i + 1, rss))
                 print(f"  {i + 1} cycles, RSS {rss} MB", file=sys.stderr, flush=True)
@@ -255,6 +263,8 @@ async def idle_cost(worker, url: str, sessions: int, seconds: float, windows: in
     windows of ``seconds`` each. Other processes on a shared machine inflate CPU time (caches,
     frequency); the least-disturbed window (the minimum) is the cost itself, the median what
     this run saw."""
+    import psutil
+
     process = psutil.Process()
 
     async def cpu_over(window: float) -> float:
@@ -350,6 +360,7 @@ def _client_farm() -> None:
 
 # -- the command ------------------------------------------------------------------------------
 def run(args: argparse.Namespace) -> int:
+    require("bench")  # psutil: the process's memory, threads and CPU
     return asyncio.run(_run(args))
 
 

@@ -103,8 +103,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--json", metavar="OUT", help="write the figures as JSON")
     p.add_argument("--plot", metavar="OUT.png", help="plot TTFA and RTF against concurrency (needs matplotlib)")
     p.add_argument("--transport", choices=["webrtc", "livekit"], default="webrtc",
-                   help="livekit: through a LiveKit room beside the direct path, same run (myna.room.bench)")
-    from myna.room.bench import add_arguments as add_livekit_arguments
+                   help="livekit: through a LiveKit room beside the direct path, same run (myna.bench.room)")
+    from myna.bench.room import add_arguments as add_livekit_arguments
 
     add_livekit_arguments(p)
     p.set_defaults(func=run)
@@ -146,7 +146,7 @@ class Plan:
 def run(args: argparse.Namespace) -> int:
     plan = Plan.from_args(args)
     if args.transport == "livekit":  # one text at one rate, through a room and direct
-        from myna.room import bench
+        from myna.bench import room as bench
 
         return bench.run(argparse.Namespace(**{**vars(args), "text": plan.texts[0], "token_rate": plan.rates[0]}))
     if args.plot:

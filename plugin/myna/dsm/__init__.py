@@ -3,17 +3,17 @@
 - :func:`load` reads a released checkpoint (``kyutai/tts-1.6b-en_fr`` layout) into a :class:`DSMTTS`;
 - :meth:`DSMTTS.synthesize` turns text and a voice into 24 kHz PCM;
 - :mod:`myna.dsm.frame` holds the batched frame step that ``synthesize`` and the streaming frame
-  loop (:mod:`myna.dsm.loop`) both run;
-- :func:`build_tiny_checkpoint` writes a tiny random checkpoint in the released layout.
+  loop (:mod:`myna.dsm.loop`) both run.
+
+Tests build tiny random checkpoints in the released layout with :mod:`myna.bench.tiny_dsm` (tooling).
 
 Modules: ``config`` (sizes and presets), ``checkpoint`` (loading), ``layers`` (norms, RoPE, FFN,
 attention, ring KV cache), ``lm`` (embeddings, temporal transformer), ``depformer``,
 ``conditioners``, ``voice``, ``sampling``, ``state_machine`` (text side), ``frame`` (one step),
-``mimi`` (decoder), ``tts`` (synthesis), ``loop`` (the batched frame loop), ``tiny``.
+``mimi`` (decoder), ``tts`` (synthesis), ``loop`` (the batched frame loop).
 """
 
 from .config import DSMConfig, MimiConfig
-from .tiny import build_tiny_checkpoint
 from .tts import DSMTTS, SynthesisResult, load
 
-__all__ = ["DSMConfig", "DSMTTS", "MimiConfig", "SynthesisResult", "build_tiny_checkpoint", "load"]
+__all__ = ["DSMConfig", "DSMTTS", "MimiConfig", "SynthesisResult", "load"]

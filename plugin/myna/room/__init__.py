@@ -6,9 +6,11 @@
 - :mod:`myna.room.audio`: the session's playout feeding the SDK's audio source.
 - :mod:`myna.room.worker`: ``myna worker``, livekit-agents' dispatch with our own job entry point.
 - :mod:`myna.room.bridge`: one loaded engine shared by rooms on other event loops.
-- :mod:`myna.room.client`: a Python participant for tests and benchmarks.
-- :mod:`myna.room.localserver`: ``livekit-server`` and Redis on this host (tests, benchmarks).
+- :mod:`myna.room.tokens`: room-join tokens.
 - :mod:`myna.room.cli`: ``myna room`` and ``myna worker``.
+
+Tooling lives in :mod:`myna.bench`: a Python participant (``room_client``), ``livekit-server``
+and Redis on this host (``livekit_server``), the room benchmark (``room``).
 
 Not to be confused with :mod:`myna.integrations.livekit`, Myna as the TTS stage of a LiveKit
 Agents ``AgentSession``.

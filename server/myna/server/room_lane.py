@@ -14,9 +14,9 @@ Routes (only with a LiveKit URL; key and secret from ``LIVEKIT_API_KEY`` / ``LIV
   ``{"url", "token", "room", "identity"}``: the server's URL, a join token for the browser, the
   room, and Myna's identity there. Myna leaves once the browser has left (or, if nobody joined,
   after :data:`JOIN_TIMEOUT_S`). Without a LiveKit URL: 404 ``no_livekit``.
-- ``GET /vendor/livekit-client.mjs``: the ``livekit-client`` ESM bundle that
-  ``scripts/setup.sh dev`` installs from npm into the git-ignored ``.lk/npm`` (or
-  ``$MYNA_LIVEKIT_CLIENT``); 404 ``no_livekit_client`` when it is not installed.
+- ``GET /vendor/livekit-client.mjs``: the ``livekit-client`` ESM bundle: ``$MYNA_LIVEKIT_CLIENT``,
+  else where ``scripts/setup.sh dev`` installs it from npm (the git-ignored ``.lk/npm`` of the
+  folder the worker runs in: a checkout); 404 ``no_livekit_client`` when it is not there.
 """
 
 from __future__ import annotations
@@ -40,10 +40,9 @@ NO_CLIENT = ("no_livekit_client", "livekit-client is not installed (bash scripts
 
 
 def client_bundle() -> Path | None:
-    """The installed livekit-client ESM bundle, if any."""
-    from myna.room.localserver import PROJECT_ROOT
-
-    path = Path(os.environ.get("MYNA_LIVEKIT_CLIENT") or PROJECT_ROOT / CLIENT_BUNDLE)
+    """The livekit-client ESM bundle (``$MYNA_LIVEKIT_CLIENT``, else :data:`CLIENT_BUNDLE` under the
+    current folder), if it is there."""
+    path = Path(os.environ.get("MYNA_LIVEKIT_CLIENT") or CLIENT_BUNDLE)
     return path if path.is_file() else None
 
 
@@ -70,7 +69,7 @@ class RoomLanes:
         from livekit import rtc
 
         from myna.room.agent import RoomAgent
-        from myna.room.client import participant_token
+        from myna.room.tokens import participant_token
 
         room_name = f"myna-lane-{uuid.uuid4().hex[:10]}"
         engine = self.worker.engines[self.worker.default_engine]

@@ -16,32 +16,11 @@ import uuid
 from dataclasses import dataclass, field
 
 import numpy as np
-from livekit import api, rtc
+from livekit import rtc
 
 from myna.audio.playout import SAMPLE_RATE
 from myna.room.agent import READY_ATTRIBUTE, RPC_INTERRUPT, TOPIC_EVENTS, TOPIC_MESSAGES, TOPIC_TEXT, TOPIC_TRANSCRIPTION
 from myna.rtc.client import TurnResult, measure_turn, token_chunks
-
-
-def participant_token(key: str, secret: str, room: str, identity: str, ttl_s: float | None = None,
-                      agent_dispatch: str | None = None) -> str:
-    """A room-join token (HS256 JWT) that may publish, subscribe and send data.
-
-    Args:
-        ttl_s: lifetime in seconds (None: the SDK's default, 6 h).
-        agent_dispatch: also dispatch this agent name when the join creates the room
-            (``RoomConfiguration.agents``).
-    """
-    token = (api.AccessToken(key, secret).with_identity(identity).with_name(identity)
-             .with_grants(api.VideoGrants(room_join=True, room=room, can_publish=True, can_subscribe=True,
-                                          can_publish_data=True, can_update_own_metadata=True)))
-    if ttl_s is not None:
-        import datetime
-
-        token = token.with_ttl(datetime.timedelta(seconds=ttl_s))
-    if agent_dispatch is not None:
-        token = token.with_room_config(api.RoomConfiguration(agents=[api.RoomAgentDispatch(agent_name=agent_dispatch)]))
-    return token.to_jwt()
 
 
 @dataclass

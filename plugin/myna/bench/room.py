@@ -7,7 +7,7 @@ here. Everything is measured side by side in one run:
 
 1. **Perceived TTFA at 1 session.** The same text at the same token rate, turns alternating
    between a direct session (:class:`myna.rtc.client.MynaClient`) and a room participant
-   (:class:`myna.room.client.RoomClient`, text over ``myna.text``); first text chunk sent →
+   (:class:`myna.bench.room_client.RoomClient`, text over ``myna.text``); first text chunk sent →
    first audible sample received (DESIGN.md §4). Each client is its transport's natural
    receiver (aiortc; libwebrtc with its jitter buffer).
 2. **Interrupt.** Mid-turn barge-ins: how long after the interrupt returned (the RPC's answer
@@ -54,7 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``myna bench ttfa --transport livekit``."""
     from myna.room.cli import require_livekit
-    from myna.room.localserver import find_livekit_server, missing_livekit_server
+    from myna.bench.livekit_server import find_livekit_server, missing_livekit_server
 
     require_livekit("bench ttfa --transport livekit")
     if find_livekit_server() is None:
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _run(args: argparse.Namespace, engine: str) -> dict:
-    from myna.room.localserver import LiveKitServer, media_address
+    from myna.bench.livekit_server import LiveKitServer, media_address
 
     node = LiveKitServer(node_ip=media_address()).start()
     host = _Host.start(node, engine)
@@ -198,8 +198,9 @@ async def _cpu(host: "_Host", node, path: str, sessions: int, window: float) -> 
 
 
 def _room_client(node):
-    from myna.room.client import RoomClient, participant_token
-    from myna.room.localserver import DEV_KEY, DEV_SECRET
+    from myna.bench.room_client import RoomClient
+    from myna.room.tokens import participant_token
+    from myna.bench.livekit_server import DEV_KEY, DEV_SECRET
 
     room = f"bench-{os.urandom(4).hex()}"
     return RoomClient(node.url, participant_token(DEV_KEY, DEV_SECRET, room, "listener", agent_dispatch=AGENT_NAME))
@@ -214,12 +215,12 @@ class _Host:
 
     @classmethod
     def start(cls, node, engine: str) -> "_Host":
-        from myna.room.localserver import DEV_KEY, DEV_SECRET, free_port
+        from myna.bench.livekit_server import DEV_KEY, DEV_SECRET, free_port
 
         port = free_port()
         log = tempfile.NamedTemporaryFile(prefix="myna-bench-host-", suffix=".log", delete=False)
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "LIVEKIT_API_KEY": DEV_KEY, "LIVEKIT_API_SECRET": DEV_SECRET}
-        proc = subprocess.Popen([sys.executable, "-m", "myna.room.bench", "--port", str(port), "--livekit-url", node.url,
+        proc = subprocess.Popen([sys.executable, "-m", "myna.bench.room", "--port", str(port), "--livekit-url", node.url,
                                  "--engine", engine], stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
         host = cls(proc, f"http://127.0.0.1:{port}", log.name)
@@ -262,7 +263,7 @@ def serve_both(argv: list[str] | None = None) -> int:
     from myna.rtc.ice import enable_loopback_candidates
     from myna.server.app import Worker, create_app
 
-    p = argparse.ArgumentParser(prog="myna.room.bench")
+    p = argparse.ArgumentParser(prog="myna.bench.room")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--livekit-url", required=True)
     p.add_argument("--engine", default="piper")
@@ -400,7 +401,7 @@ def _fmt(value, digits: int = 0) -> str:
 
 
 def _server_version() -> str:
-    from myna.room.localserver import LIVEKIT_VERSION
+    from myna.bench.livekit_server import LIVEKIT_VERSION
 
     return LIVEKIT_VERSION
 

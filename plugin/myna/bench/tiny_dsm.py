@@ -13,10 +13,10 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import codebook_names, mimi_checkpoint_name, save_lm
-from .config import DSMConfig, MimiConfig
-from .lm import DSMLM
-from .mimi import MimiDecoder
+from myna.dsm.checkpoint import codebook_names, mimi_checkpoint_name, save_lm
+from myna.dsm.config import DSMConfig, MimiConfig
+from myna.dsm.lm import DSMLM
+from myna.dsm.mimi import MimiDecoder
 
 #: File name of the voice written next to the tiny checkpoint.
 TINY_VOICE = "tiny_voice.wav.00000000@0.safetensors"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from myna.audio.preroll import FixedPreRoll
-from myna.audio.simulate import fast_steady, simulate_paced, simulate_sleep_writer, timer_overshoot
+from myna.bench.simulate import fast_steady, simulate_paced, simulate_sleep_writer, timer_overshoot
 
 
 def test_two_minutes_of_audio_paced_do_not_drift_while_a_sleeping_writer_does():
