@@ -16,8 +16,11 @@ import ifaddr
 import numpy as np
 from aiohttp.test_utils import TestClient, TestServer
 
+from myna.audio.playout import Playout
 from myna.engines import AudioChunk, Engine, SynthesisStream, WordEvent
+from myna.metrics import Metrics
 from myna.server.app import Worker, create_app
+from myna.session import Session
 
 
 def tone(ms: float, rate: int = 24_000) -> np.ndarray:
@@ -41,6 +44,13 @@ class ToneStream(SynthesisStream):
         self._finish()
 
 
+
+
+def paced_session(engine: Engine, sent: list, metrics: Metrics | None = None, **options) -> Session:
+    """A :class:`~myna.session.Session` on ``engine`` with the paced
+    :class:`~myna.audio.playout.Playout` (drain it with ``session.output.next_frame()``), whose
+    events go to ``sent`` as the JSON objects the contract sends; ``options`` go to the session."""
+    return Session(engine, Playout.for_session, lambda event: sent.append(event.to_dict()), metrics or Metrics(), **options)
 
 
 async def collect(stream, timeout: float = 60.0) -> list:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -21,7 +22,8 @@ import pytest
 from aiohttp import web
 
 from myna.audio.onset import first_audible_sample
-from myna.cli import _non_negative_ms, main
+from myna.cli import main
+from myna.engines.build import milliseconds
 from myna.rtc.client import wait_until_ready
 
 
@@ -313,10 +315,10 @@ def test_say_server_trims_the_ttfa_silence_unless_asked_not_to(light_worker, tmp
 
 # -- serve: the start rule's budget --------------------------------------------------------
 def test_max_hold_ms_takes_milliseconds_from_0_to_10_s():
-    assert _non_negative_ms("100") == 100.0 and _non_negative_ms("0") == 0.0
+    assert milliseconds("100") == 100.0 and milliseconds("0") == 0.0
     for bad in ("-1", "ten", "10001"):
         with pytest.raises(argparse.ArgumentTypeError):
-            _non_negative_ms(bad)
+            milliseconds(bad)
 
 
 def test_a_bad_budget_is_a_usage_error(capsys):
@@ -340,16 +342,20 @@ def test_an_unreadable_warm_up_list_fails_in_one_line_before_loading(capsys, tmp
 
 
 def test_the_phrase_cache_flags_build_the_workers_cache(tmp_path):
-    from myna.cli import _phrase_cache
+    from myna.engines.build import EngineOptions, build_engines
+
+    def cache_of(*argv: str):
+        engines = build_engines(EngineOptions.from_args(_parse_serve("--engine", "piper", *argv)))
+        return engines.phrase_cache, engines.warm_phrases
 
     phrases = tmp_path / "openings.txt"
     phrases.write_text("# ours\nHello there.\n\nOne moment.\n", "utf-8")
-    cache, warm = _phrase_cache(_parse_serve("--phrase-cache-mb", "2", "--phrase-cache-warm", str(phrases)))
+    cache, warm = cache_of("--phrase-cache-mb", "2", "--phrase-cache-warm", str(phrases))
     assert cache.max_bytes == 2_000_000 and warm == ["Hello there.", "One moment."]
-    cache, warm = _phrase_cache(_parse_serve())
+    cache, warm = cache_of()
     assert cache.max_bytes == 64_000_000 and "Sure." in warm  # the package's list by default
-    assert _phrase_cache(_parse_serve("--phrase-cache-warm", "none"))[1] == []
-    assert _phrase_cache(_parse_serve("--phrase-cache-mb", "0")) == (None, [])
+    assert cache_of("--phrase-cache-warm", "none")[1] == []
+    assert cache_of("--phrase-cache-mb", "0") == (None, [])
 
 
 def _parse_serve(*argv: str):
@@ -360,3 +366,29 @@ def _parse_serve(*argv: str):
     parser = argparse.ArgumentParser()
     _add_serve(parser.add_subparsers())
     return parser.parse_args(["serve", *argv])
+
+
+# -- one way to build engines: every command takes the same flags --------------------------
+ENGINE_FLAGS = ("--engine", "--voice", "--dsm-checkpoint", "--n-q", "--guidance", "--fallback", "--fallback-after-ms",
+                "--fallback-stall-ms", "--phrase-cache-mb", "--phrase-cache-warm")
+SESSION_FLAGS = ("--max-turn-chars", "--max-queued-turns", "--message-rate", "--message-burst", "--max-hold-ms",
+                 "--drain-timeout")
+
+
+@pytest.mark.parametrize("command", ["serve", "say", "room", "worker"])
+def test_every_command_takes_the_engine_flags_of_serve(capsys, command):
+    code, out, _ = run_cli(capsys, command, "--help")
+    assert code == 0
+    flags = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", out))
+    assert set(ENGINE_FLAGS) <= flags, set(ENGINE_FLAGS) - flags
+    if command != "say":  # (one local turn: no limits, nothing to drain)
+        assert set(SESSION_FLAGS) <= flags, set(SESSION_FLAGS) - flags
+
+
+@pytest.mark.parametrize("command", ["room", "worker"])
+def test_the_room_commands_build_dsm_and_refuse_it_without_a_checkpoint_as_serve_does(capsys, monkeypatch, command):
+    monkeypatch.setenv("LIVEKIT_API_KEY", "a-key")
+    monkeypatch.setenv("LIVEKIT_API_SECRET", "a-secret-long-enough-for-hs256-0123456789")
+    args = ["--url", "ws://127.0.0.1:9"] + (["--room", "r"] if command == "room" else [])
+    code, _, err = run_cli(capsys, command, *args, "--engine", "dsm,piper", "--fallback", "piper")
+    assert code == 1 and one_line(err) == f"myna {command}: the dsm engine needs --dsm-checkpoint PATH_OR_REPO"

@@ -19,7 +19,7 @@ from myna.bench.soak import serve_in_process
 from myna.rtc.client import MynaClient
 from myna.server.app import Worker
 from myna.server.auth import AuthError, Authenticator, mint_token
-from myna.server.limits import Limits
+from myna.limits import Limits
 
 KEY, SECRET = "myna-test-key", "a-test-secret-that-is-long-enough-for-hs256"
 OTHER_SECRET = "another-secret-of-the-same-length-as-the-key!"

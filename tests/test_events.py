@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from myna.events import Error, Fallback, FirstAudio, Ready, TurnDone, TurnStarted, Word, encode_event
+from myna.events import Error, Fallback, FirstAudio, Ready, TurnDone, TurnStarted, Word, decode_event, encode_event
 
 GAPS = {"gap_ms": {"count": 1, "total": 40.0, "longest": 40.0}, "gaps": [[120.0, 40.0]]}
 
@@ -35,14 +35,30 @@ GAPS = {"gap_ms": {"count": 1, "total": 40.0, "longest": 40.0}, "gaps": [[120.0,
      '{"type": "error", "code": "unsupported_language", "message": "left out", "turn_id": "t1"}'),
 ])
 def test_each_event_is_the_json_the_contract_lists(event, text):
-    assert encode_event(event.to_dict()) == text
+    assert encode_event(event) == text
+    assert decode_event(json.loads(text)) == event  # and a client reads it back as the same event
 
 
 def test_a_message_too_long_is_cut_and_other_fields_never_are():
-    long = Error(code="bad_message", message="x" * 20_000, turn_id="t").to_dict()
+    long = Error(code="bad_message", message="x" * 20_000, turn_id="t")
     text = encode_event(long, max_bytes=1000)
     assert len(text) <= 1000 and json.loads(text)["message"].endswith("…") and json.loads(text)["turn_id"] == "t"
-    assert encode_event(Word(turn_id="t", word="y" * 2000, start_ms=0.0).to_dict(), max_bytes=1000) is None
+    assert encode_event(Word(turn_id="t", word="y" * 2000, start_ms=0.0), max_bytes=1000) is None
+
+
+def test_a_client_reads_events_of_a_newer_worker_and_skips_what_it_cannot_read():
+    newer = {"type": "word", "turn_id": "t", "word": "hi", "start_ms": 1.0, "confidence": 0.9}
+    assert decode_event(newer) == Word(turn_id="t", word="hi", start_ms=1.0)
+    assert decode_event({"type": "brand_new", "turn_id": "t"}) is None
+    assert decode_event({"type": "word", "turn_id": "t"}) is None  # a field missing
+    assert decode_event(["not", "an", "event"]) is None
+
+
+def test_a_door_renames_a_turn_in_a_copy():
+    done = TurnDone(turn_id="r7", audio_ms=1.0, underruns=0, **GAPS)
+    assert done.with_turn_id("1") == TurnDone(turn_id="1", audio_ms=1.0, underruns=0, **GAPS) and done.turn_id == "r7"
+    ready = Ready(engines=["piper"], engine="piper", sample_rate=48000)
+    assert ready.with_turn_id("1") is ready  # an event of no turn stays as it is
 
 
 def test_events_are_values():

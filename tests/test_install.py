@@ -63,3 +63,10 @@ def test_the_dsm_extra_carries_pytorch():
 def test_every_extra_the_code_names_exists_in_pyproject():
     declared = set(PYPROJECT["project"]["optional-dependencies"])
     assert set(EXTRAS) <= declared, set(EXTRAS) - declared
+
+
+def test_tooling_only_dependencies_are_not_in_the_core_install():
+    """psutil serves the soak benchmark alone: it comes with the bench extra, not the main job."""
+    assert "psutil" not in {_key(Requirement(r).name) for r in PYPROJECT["project"]["dependencies"]}
+    assert "psutil" in {_key(Requirement(r).name) for r in PYPROJECT["project"]["optional-dependencies"]["bench"]}
+    assert "psutil" in EXTRAS["bench"][1]

@@ -1,10 +1,15 @@
 """Myna: real-time speech for voice agents.
 
-Text arrives in token-sized chunks (from an LLM, over a WebRTC data channel or a WebSocket),
-is normalised and cut into words (:mod:`myna.text`), synthesised by a streaming engine
-(:mod:`myna.engines`: the embedded Piper voice, or the DSM frame loop of :mod:`myna.dsm`),
-paced into 20 ms, 48 kHz frames (:mod:`myna.audio`) and sent as Opus over WebRTC
-(:mod:`myna.rtc`). :mod:`myna.server` is the aiohttp worker; ``myna`` is the CLI.
+Text arrives in token-sized chunks (from an LLM) through one of four doors: a WebRTC data
+channel (:mod:`myna.server.webrtc`), a WebSocket (:mod:`myna.server.tts_stream`), a LiveKit room
+(:mod:`myna.room`) or an in-process plug-in (:mod:`myna.integrations`). Every door hands typed
+messages (:mod:`myna.messages`) to the same core, a :class:`~myna.session.Session` opened from
+the process's :class:`~myna.sessions.Sessions`: the text is normalised and cut into words
+(:mod:`myna.text`), synthesised by a streaming engine (:mod:`myna.engines`, built by
+:mod:`myna.engines.build`: the embedded Piper voice, or the DSM frame loop of :mod:`myna.dsm`),
+and queued on the door's output (:mod:`myna.audio`: paced 20 ms, 48 kHz frames for a track,
+or PCM as it is made); typed events (:mod:`myna.events`) go back to the door. ``myna`` is the
+CLI; :mod:`myna.bench` is tooling (benchmarks, test servers, fault injection).
 """
 
 __version__ = "0.1.0"

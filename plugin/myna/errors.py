@@ -1,7 +1,7 @@
 """The error types behind every contract ``error`` (DESIGN.md §3): a ``code`` and a ``message``.
 
 Each layer raises its own subclass (an engine's :class:`~myna.engines.EngineError`, a client
-message's :class:`~myna.rtc.session.BadMessage`, the worker's HTTP refusals), and whoever
+message's :class:`~myna.messages.BadMessage`, the worker's HTTP refusals), and whoever
 reports it reads the same two fields: the ``error`` event, the HTTP body
 ``{"error": {"code", "message"}}``, a plug-in's framework error.
 """

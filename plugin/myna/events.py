@@ -1,9 +1,11 @@
 """The contract's events (DESIGN.md §3): one small type each, turned into JSON in one place.
 
 The worker sends these on the data channel, the WebSocket (``/v1/tts/stream``) and in LiveKit
-rooms. Code that produces an event builds its type (``Word(turn_id=..., word=..., start_ms=...)``)
-and hands ``event.to_dict()`` to its sink; sinks pass dicts on (a transport may rewrite a
-``turn_id``), and :func:`encode_event` makes the JSON text that goes out.
+rooms, and the in-process plug-ins read them as they are. Code that produces an event builds
+its type (``Word(turn_id=..., word=..., start_ms=...)``) and hands it to its sink; the event
+stays that object up to the door (a door that names turns otherwise, the LiveKit room, makes a
+copy with :meth:`Event.with_turn_id`), and :func:`encode_event` makes the JSON text that goes
+out. :func:`decode_event` reads it back (the remote plug-ins).
 
 Keys keep the order the contract lists them in (``type`` first); an optional field
 (``error.turn_id``, ``turn_done.interrupted``, the WebSocket's ``ready.voice`` and
@@ -13,7 +15,7 @@ Keys keep the order the contract lists them in (``type`` first); an optional fie
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import ClassVar
 
 #: Largest message either way (bytes of UTF-8): client messages and events alike.
@@ -32,6 +34,10 @@ class Event:
     """One event the worker sends; subclasses name it in ``type``."""
 
     type: ClassVar[str]
+
+    def with_turn_id(self, turn_id: str) -> "Event":
+        """The same event for a turn named ``turn_id`` (events without a turn are returned as they are)."""
+        return replace(self, turn_id=turn_id) if hasattr(self, "turn_id") else self
 
     def to_dict(self) -> dict:
         """The event as the JSON object the contract describes: ``type`` first, then the
@@ -131,16 +137,37 @@ class Fallback(Event):
     at_word: int
 
 
-def encode_event(event: dict, max_bytes: int = MAX_MESSAGE_BYTES) -> str | None:
-    """An event dict as JSON text of at most ``max_bytes`` bytes (UTF-8), or None when it
-    cannot fit.
+#: Every event type by its ``type``.
+EVENT_TYPES: dict[str, type[Event]] = {cls.type: cls for cls in (Ready, TurnStarted, FirstAudio, Word, TurnDone, Error, Fallback)}
+
+
+def encode_event(event: Event, max_bytes: int = MAX_MESSAGE_BYTES) -> str | None:
+    """An event as JSON text of at most ``max_bytes`` bytes (UTF-8), or None when it cannot fit.
 
     A ``message`` too long is cut (halved until the event fits); other fields are never
     changed (a cut ``turn_id`` or ``word`` would be wrong), so such an event does not fit.
     """
-    text = json.dumps(event)  # ASCII only: characters are bytes
-    message = event.get("message")
+    obj = event.to_dict()
+    text = json.dumps(obj)  # ASCII only: characters are bytes
+    message = obj.get("message")
     while len(text) > max_bytes and isinstance(message, str) and message:
         message = message[: len(message) // 2]
-        text = json.dumps({**event, "message": message + "…"})
+        text = json.dumps({**obj, "message": message + "…"})
     return text if len(text) <= max_bytes else None
+
+
+def decode_event(obj: object) -> Event | None:
+    """A received event (the JSON object :meth:`Event.to_dict` makes) as its type; None for an
+    object that is not a known event or lacks a field (keys it does not know are ignored, so a
+    newer worker's additions do not break an older client)."""
+    if not isinstance(obj, dict) or obj.get("type") not in EVENT_TYPES:
+        return None
+    cls = EVENT_TYPES[obj["type"]]
+    values = {}
+    for f in fields(cls):
+        key = f.metadata.get("key", f.name)
+        if key in obj:
+            values[f.name] = obj[key]
+        elif f.default is MISSING and "absent" not in f.metadata:
+            return None
+    return cls(**values)

@@ -15,7 +15,7 @@ import sys
 EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
     "dsm": ("the dsm engine (PyTorch)", ("torch", "safetensors", "sentencepiece")),
     "pipecat": ("the Pipecat plug-in", ("pipecat", "loguru")),
-    "livekit": ("the LiveKit Agents plug-in", ("livekit.agents",)),
+    "livekit": ("Myna in LiveKit rooms (and the LiveKit Agents plug-in)", ("livekit.agents", "livekit.rtc")),
     "bench": ("benchmark plots and the soak benchmark", ("matplotlib", "psutil")),
     "hub": ("Hugging Face downloads", ("huggingface_hub",)),
 }

@@ -82,7 +82,7 @@ class Metrics:
         self.draining = Gauge("myna_draining", "1 while the worker drains before exiting", registry=self.registry)
 
     def set_limits(self, limits) -> None:
-        """Publish a :class:`myna.server.limits.Limits` (limits that are off are left out)."""
+        """Publish a :class:`myna.limits.Limits` (limits that are off are left out)."""
         for name, value in vars(limits).items():
             if value is not None:
                 self.limit.labels(name).set(value)

@@ -21,8 +21,28 @@ NO_GAPS = {"gap_ms": {"count": 0, "total": 0.0, "longest": 0.0}, "gaps": []}
 
 
 def make(clock=None, pre_roll=None, **options):
+    """A playout and the JSON of the events it sends once audio is handed out (``turn_started``,
+    sent when a turn is queued, is left out: see the test of it)."""
     events: list[dict] = []
-    return Playout(events.append, clock=clock or Clock(), pre_roll=pre_roll, **options), events
+
+    def sink(event) -> None:
+        if event.type != "turn_started":
+            events.append(event.to_dict())
+
+    return Playout(sink, clock=clock or Clock(), pre_roll=pre_roll, **options), events
+
+
+def test_a_queued_turn_is_announced_at_once_and_its_audio_when_handed_out():
+    sent = []
+    playout = Playout(sent.append, clock=Clock())
+    playout.begin_turn("a", 100.0)
+    playout.begin_turn("b", 100.0)
+    assert [(e.type, e.turn_id) for e in sent] == [("turn_started", "a"), ("turn_started", "b")]
+    playout.push_audio("a", tone(440, 0.1, 48_000), 48_000)
+    playout.end_turn("a")
+    assert len(sent) == 2  # nothing is heard until a frame is handed out
+    playout.next_frame()
+    assert sent[2].type == "first_audio" and sent[2].turn_id == "a"
 
 
 def done(turn_id: str, audio_ms: float, underruns: int = 0, **extra) -> dict:
@@ -99,7 +119,7 @@ def test_interrupt_half_way_through_a_chunk_keeps_only_a_5_ms_fade():
     playout.push_audio("t", tone(300, 0.08, 48_000, amp=0.8), 48_000)  # one 80 ms chunk
     playout.next_frame()
     playout.next_frame()  # 40 ms of the chunk played
-    assert playout.interrupt() == [done("t", 40.0, interrupted=True)]
+    assert [e.to_dict() for e in playout.interrupt()] == [done("t", 40.0, interrupted=True)]
     frame = playout.next_frame().astype(np.float64) / 32767
     assert np.all(frame[FADE_SAMPLES:] == 0)
     assert np.max(np.abs(frame[:FADE_SAMPLES])) > 0.1
@@ -170,7 +190,7 @@ def test_interrupt_while_a_resampled_chunk_is_half_played_continues_then_fades(r
     for _ in range(5):  # 100 ms: half of the chunk
         played.append(playout.next_frame())
         clock.t += 0.02
-    assert playout.interrupt() == [done("t", 100.0, interrupted=True)]
+    assert [e.to_dict() for e in playout.interrupt()] == [done("t", 100.0, interrupted=True)]
     cut = playout.next_frame()
     out = np.concatenate(played + [cut]).astype(np.float64) / 32767
     # The tail continues the waveform (no jump at the seam) and is silent after 5 ms.
@@ -343,7 +363,7 @@ def test_interrupted_turns_report_their_gaps():
     playout.push_audio("t", tone(300, 0.1, 48_000), 48_000)
     for _ in range(2):
         playout.next_frame()
-    dropped = playout.interrupt()
+    dropped = [e.to_dict() for e in playout.interrupt()]
     assert dropped[0]["interrupted"] is True and dropped[0]["gap_ms"]["count"] == 1
     assert dropped[0]["gaps"] == [[100.0, 100.0]]
 

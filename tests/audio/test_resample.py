@@ -41,11 +41,11 @@ def test_a_rate_change_within_a_turn_is_an_error(first):
         r.resample(np.zeros(100, np.float32), 24_000)
 
 
-class _Outbox:
-    def put_event(self, event: dict) -> None:
+class _Sink:
+    def put_audio(self, turn_id: str, pcm: bytes) -> None:
         pass
 
-    def put_audio(self, pcm: bytes) -> None:
+    def drop_audio(self) -> None:
         pass
 
 
@@ -55,13 +55,13 @@ def _playout():
     return Playout(lambda event: None)
 
 
-def _stream_output():
-    from myna.server.tts_stream import StreamOutput
+def _unpaced():
+    from myna.audio.unpaced import UnpacedOutput
 
-    return StreamOutput(_Outbox(), 48_000)
+    return UnpacedOutput(lambda event: None, _Sink(), 48_000)
 
 
-@pytest.mark.parametrize("make", [_playout, _stream_output], ids=["playout", "websocket"])
+@pytest.mark.parametrize("make", [_playout, _unpaced], ids=["playout", "unpaced"])
 def test_every_output_refuses_a_rate_change_within_a_turn_also_from_its_own_rate(make):
     out = make()
     out.begin_turn("t", 0.0)

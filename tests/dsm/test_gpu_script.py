@@ -1,4 +1,5 @@
-"""scripts/gpu_dsm.py, the prepared GPU check, runs end to end on CPU with the tiny preset."""
+"""scripts/gpu_dsm.py, the prepared GPU check, runs end to end on CPU with the tiny preset, from a
+checkout (Myna not installed: as on a GPU machine that got a copy of the tree)."""
 
 from __future__ import annotations
 
@@ -10,16 +11,18 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_layout import WITHOUT_INSTALL
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_dsm.py"
 
 
 def test_cpu_smoke_run():
     pytest.importorskip("moshi")
     env = dict(os.environ, OMP_NUM_THREADS="1", NO_TORCH_COMPILE="1")
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--config", "tiny", "--device", "cpu", "--dtype", "fp32", "--batch", "1,2",
-         "--iters", "1", "--rounds", "1", "--steps", "6", "--loop-sessions", "1"],
-        capture_output=True, text=True, env=env, timeout=240)
+    argv = ["gpu_dsm.py", "--config", "tiny", "--device", "cpu", "--dtype", "fp32", "--batch", "1,2",
+            "--iters", "1", "--rounds", "1", "--steps", "6", "--loop-sessions", "1"]
+    code = WITHOUT_INSTALL + f"import runpy; sys.argv = {argv!r}; runpy.run_path({str(SCRIPT)!r}, run_name='__main__')"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=240, cwd="/")
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     sections = report["sections"]

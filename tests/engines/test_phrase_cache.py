@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 from aiohttp.test_utils import TestServer
 
+from inprocess import paced_session
 from myna.engines import AudioChunk, WordEvent
+from myna.engines.build import Engines
 from myna.engines.phrase_cache import PhraseCache, phrase_key, read_phrases, warm_up
 from myna.engines.piper import PiperEngine
 from myna.metrics import Metrics
-from myna.rtc.session import Session
 from myna.server.app import Worker, create_app
 
 RATE = 22_050
@@ -196,7 +197,7 @@ async def test_an_engine_behind_a_fallback_still_uses_the_cache():
     cache = PhraseCache(10_000_000)
     primary = await started()
     wrapped = FallbackEngine(primary, ToneEngine("backup", sample_rate=RATE))
-    worker = Worker(engines={"piper": wrapped}, phrase_cache=cache, warm_phrases=["Sure."])
+    worker = Worker(engines=Engines({"piper": wrapped}, phrase_cache=cache, warm_phrases=["Sure."]))
     await worker.start()
     assert primary.phrase_cache is cache and len(cache) >= 1
     assert wrapped.breaker.state == "closed"
@@ -243,7 +244,7 @@ class Clock:
 
 async def play(session: Session, clock: Clock, frames: int) -> None:
     for _ in range(frames):
-        session.playout.next_frame()
+        session.output.next_frame()
         clock.t += 0.02
         await asyncio.sleep(0)
 
@@ -261,17 +262,17 @@ async def test_interrupt_during_a_cached_opening_cuts_it_like_any_audio():
     await turn(engine, [opening])  # now cached
     engine.synthesised.clear()
     clock, sent = Clock(), []
-    session = Session(engine=engine, send=sent.append, metrics=Metrics(), clock=clock)
-    session.handle_message(json.dumps({"type": "text", "turn_id": "a", "text": opening}))
-    session.handle_message(json.dumps({"type": "end_turn", "turn_id": "a"}))
+    session = paced_session(engine, sent, Metrics(), clock=clock)
+    session.receive(json.dumps({"type": "text", "turn_id": "a", "text": opening}))
+    session.receive(json.dumps({"type": "end_turn", "turn_id": "a"}))
     await until(lambda: session.audio_runs_out_at() > clock.t + 1.0)  # the whole opening is queued
     assert engine.synthesised == []
     await play(session, clock, 15)  # 300 ms heard
-    session.handle_message(json.dumps({"type": "interrupt"}))
+    session.receive(json.dumps({"type": "interrupt"}))
     done = next(e for e in sent if e["type"] == "turn_done")
     assert done["interrupted"] is True and 250.0 <= done["audio_ms"] <= 400.0
     await play(session, clock, 10)
-    assert not np.any(session.playout.next_frame())  # nothing of it is heard after the barge-in
+    assert not np.any(session.output.next_frame())  # nothing of it is heard after the barge-in
     words = [e["word"] for e in sent if e["type"] == "word"]
     assert words and words == ["Okay", "let"][: len(words)]  # only words whose audio was heard
     await session.close()
@@ -284,10 +285,10 @@ async def test_a_cached_turn_queued_behind_a_playing_one_waits_its_turn():
     engine.synthesised.clear()
     engine.gate.clear()  # the first turn's synthesis is slow
     clock, sent = Clock(), []
-    session = Session(engine=engine, send=sent.append, metrics=Metrics(), clock=clock)
-    session.handle_message(json.dumps({"type": "text", "turn_id": "a", "text": "Your order shipped on Monday."}))
-    session.handle_message(json.dumps({"type": "text", "turn_id": "b", "text": "Sure."}))
-    session.handle_message(json.dumps({"type": "end_turn", "turn_id": "b"}))
+    session = paced_session(engine, sent, Metrics(), clock=clock)
+    session.receive(json.dumps({"type": "text", "turn_id": "a", "text": "Your order shipped on Monday."}))
+    session.receive(json.dumps({"type": "text", "turn_id": "b", "text": "Sure."}))
+    session.receive(json.dumps({"type": "end_turn", "turn_id": "b"}))
     for _ in range(10):
         await asyncio.sleep(0.02)
         await play(session, clock, 1)
@@ -309,7 +310,7 @@ async def test_the_worker_is_ready_only_once_the_cache_is_warm_and_metrics_count
     engine = await started()
     engine.gate.clear()  # warm-up cannot finish until the test lets it
     cache = PhraseCache(10_000_000)
-    worker = Worker(engines={"piper": engine}, phrase_cache=cache, warm_phrases=["Sure.", "Thanks for calling!"])
+    worker = Worker(engines=Engines({"piper": engine}, phrase_cache=cache, warm_phrases=["Sure.", "Thanks for calling!"]))
     server = TestServer(create_app(worker), host="127.0.0.1")
     await server.start_server()
     try:

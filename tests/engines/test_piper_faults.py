@@ -10,12 +10,11 @@ import json
 import pytest
 import pytest_asyncio
 
-from inprocess import ToneEngine, collect
+from inprocess import ToneEngine, collect, paced_session
 from myna.engines import AudioChunk, EngineError, ErrorEvent, FallbackEvent, WordEvent
 from myna.engines.fallback import FallbackEngine
 from myna.engines.piper import PiperEngine
 from myna.metrics import Metrics
-from myna.rtc.session import Session
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -102,11 +101,11 @@ async def test_the_session_reports_the_unit_and_finishes_the_turn(engine, faults
     faults("Press", 2, RuntimeError("boom"))
     sent: list[dict] = []
     clock = [100.0]
-    session = Session(engine=engine, send=sent.append, metrics=Metrics(), clock=lambda: clock[0])
-    session.handle_message(json.dumps({"type": "text", "turn_id": "t", "text": "Press the buttons now. Then wait."}))
-    session.handle_message(json.dumps({"type": "end_turn", "turn_id": "t"}))
+    session = paced_session(engine, sent, Metrics(), clock=lambda: clock[0])
+    session.receive(json.dumps({"type": "text", "turn_id": "t", "text": "Press the buttons now. Then wait."}))
+    session.receive(json.dumps({"type": "end_turn", "turn_id": "t"}))
     for _ in range(3000):
-        session.playout.next_frame()
+        session.output.next_frame()
         clock[0] += 0.02
         await asyncio.sleep(0.001)
         if any(e["type"] == "turn_done" for e in sent):

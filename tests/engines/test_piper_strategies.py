@@ -40,15 +40,15 @@ def test_variant_names_map_to_strategies():
 
 
 def test_serve_registers_the_strategies_on_one_voice():
-    from myna.cli import _engines
+    from myna.engines.build import EngineOptions, EngineOptionsError, build_engines
 
-    engines = _engines("piper,piper-sentence,piper-whole")
+    engines = build_engines(EngineOptions(engines="piper,piper-sentence,piper-whole"))
     assert list(engines) == ["piper", "piper-sentence", "piper-whole"]
     assert [e.name for e in engines.values()] == list(engines)
     assert engines["piper-sentence"].base is engines["piper"] and engines["piper-whole"].base is engines["piper"]
     assert engines["piper-whole"].voices == engines["piper"].voices
-    with pytest.raises(SystemExit):
-        _engines("piper,nope")
+    with pytest.raises(EngineOptionsError):
+        build_engines(EngineOptions(engines="piper,nope"))
 
 
 def test_strategies_stream_the_same_words_in_fewer_units():

@@ -16,7 +16,7 @@ from myna.bench.soak import serve_in_process
 from myna.integrations.backend import Audio, MynaError, RemoteBackend
 from myna.server.app import Worker
 from myna.server.auth import Authenticator, mint_token
-from myna.server.limits import Limits
+from myna.limits import Limits
 
 pytestmark = pytest.mark.network
 

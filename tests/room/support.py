@@ -33,12 +33,12 @@ async def myna_in_room(node: LiveKitServer, room: str, engine, identity: str = "
     seconds (None: 6 h); yields its RoomAgent (keyword arguments go to it)."""
     from livekit import rtc
 
-    from myna.metrics import Metrics
     from myna.room.agent import RoomAgent
     from myna.room.tokens import participant_token
+    from myna.sessions import Sessions
 
     lk_room = rtc.Room()
-    agent = RoomAgent(lk_room, engine, Metrics(), **kw)
+    agent = RoomAgent(lk_room, engine, kw.pop("sessions", None) or Sessions(), **kw)
     agent.attach()
     await lk_room.connect(node.url, participant_token(DEV_KEY, DEV_SECRET, room, identity, ttl_s=ttl_s))
     await agent.start()
@@ -51,9 +51,12 @@ async def myna_in_room(node: LiveKitServer, room: str, engine, identity: str = "
 
 
 class Myna:
-    """A ``myna room`` or ``myna worker`` subprocess with the dev credentials; output in a log."""
+    """A ``myna room`` or ``myna worker`` subprocess with the dev credentials; output in a log.
+    Its phrase cache is not warmed unless the arguments say so (no test here needs it)."""
 
     def __init__(self, *args: str, env: dict | None = None):
+        if "--phrase-cache-warm" not in args:
+            args = (*args, "--phrase-cache-warm", "none")
         ARTIFACTS.mkdir(exist_ok=True)
         self.log_path = ARTIFACTS / f"myna-{args[0]}-{os.getpid()}-{time.monotonic_ns()}.log"
         self._log = open(self.log_path, "wb")

@@ -16,7 +16,7 @@ def speech(ms: float, rate: int = 22050) -> np.ndarray:
 
 async def test_silence_is_not_queued_ahead_of_speech_and_speech_is_paced_by_the_source():
     events = []
-    out = SourceOutput(events.append, new_source())
+    out = SourceOutput(lambda event: event.type != "turn_started" and events.append(event.to_dict()), new_source())
     try:
         out.begin_turn("t", text_at=0.0)
         await asyncio.sleep(0.15)  # pre-roll: nothing to say yet
@@ -49,12 +49,12 @@ async def test_a_barge_in_leaves_at_most_the_source_queue_and_the_fade():
         out.end_turn("t")
         await asyncio.sleep(0.3)
         dropped = out.interrupt()
-        assert dropped[0]["turn_id"] == "t" and dropped[0]["audio_ms"] > 0
+        assert dropped[0].turn_id == "t" and dropped[0].audio_ms > 0
         assert 5.0 <= out.interrupt_tails_ms[-1] <= 2 * QUEUE_MS + 5.0 + 2.0
         await asyncio.sleep(0.1)
         sent = out.frames_sent
         await asyncio.sleep(0.1)
-        assert out.playout.idle and out.frames_sent == sent
+        assert out.idle and out.frames_sent == sent
         out.begin_turn("u", text_at=0.0)  # the next turn plays
         out.push_audio("u", speech(100), 22050)
         out.end_turn("u")

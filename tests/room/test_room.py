@@ -136,7 +136,7 @@ async def test_a_sender_leaving_mid_turn_cancels_its_synthesis(livekit_node, eng
             await bob.next_event("first_audio")
             assert agent.router.speaking()
         await eventually(lambda: not agent.router.speaking(), timeout=10)  # LiveKit announces leaves in ≤ 3 s
-        assert agent.output.playout.idle
+        assert agent.output.idle
         async with RoomClient(livekit_node.url, token(room, "carol")) as carol:
             result = await carol.speak(SENTENCES[2], tokens_per_s=None)
     assert result.perceived_ttfa_ms is not None and not result.events[-1].get("interrupted")
@@ -236,7 +236,7 @@ def _assert_released(agent, threads_before: int) -> None:
     assert agent._closed and not agent.room.isconnected()
     assert agent.output._task.done() and not agent._readers and agent._outbox._task.done()
     assert not agent.router.session._turns
-    assert agent.metrics.registry.get_sample_value("myna_active_sessions") == 0
+    assert agent.sessions.metrics.registry.get_sample_value("myna_active_sessions") == 0
     assert _python_threads() <= threads_before, [t.name for t in threading.enumerate()]
     leftovers = [t for t in asyncio.all_tasks() if "myna" in (t.get_name() or "") and not t.done()]
     assert not leftovers, leftovers

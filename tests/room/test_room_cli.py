@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
 import sys
 import time
 
+import jiwer
 import pytest
 from livekit import api
 
 from myna.bench.room_client import RoomClient
 from myna.bench.livekit_server import DEV_KEY, DEV_SECRET, LiveKitServer, media_address
-from tests.e2e.test_serve import SENTENCES
+from tests.e2e.test_serve import SENTENCES, _words, transcribe
 from tests.room.support import Myna, room_name, token
 
 pytestmark = [pytest.mark.network, pytest.mark.asyncio(loop_scope="module")]
@@ -103,5 +105,128 @@ async def test_without_the_livekit_extra_the_commands_say_what_to_install():
     done = await asyncio.to_thread(subprocess.run, [sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1] == (
-        "myna: myna room needs the livekit extra (livekit.agents is missing): "
-        "bash scripts/setup.sh livekit, or pip install -e '.[livekit]'")
+        "myna: Myna in LiveKit rooms (and the LiveKit Agents plug-in) needs the 'livekit' extra (livekit.agents is not "
+        "installed); install it with `bash scripts/setup.sh livekit` (or pip install 'myna[livekit]')")
+
+
+# -- one core, every door (issue 21): the room commands build engines and sessions as serve does --
+@pytest.fixture(scope="module")
+def tiny_dsm(tmp_path_factory):
+    """A tiny random DSM checkpoint in the released layout, and its voice."""
+    pytest.importorskip("torch")
+    from myna.bench.tiny_dsm import TINY_VOICE, build_tiny_checkpoint
+
+    folder = build_tiny_checkpoint(tmp_path_factory.mktemp("tiny_room"), seed=0)
+    return folder, folder / TINY_VOICE
+
+
+def dsm_behind_piper(tiny_dsm) -> list[str]:
+    """``--engine dsm,piper --fallback piper`` on the tiny checkpoint. Its random weights speak
+    noise, so the fallback deadline is set below what any model can meet: every turn is heard
+    from the fallback, through the DSM engine's own stream and the switch."""
+    folder, voice = tiny_dsm
+    return ["--engine", "dsm,piper", "--dsm-checkpoint", str(folder), "--voice", str(voice), "--fallback", "piper",
+            "--fallback-after-ms", "1"]
+
+
+def heard_well(result, whisper, sentence: str) -> float:
+    switches = [e for e in result.events if e["type"] == "fallback"]
+    assert switches and all((e["from"], e["to"]) == ("dsm", "piper") for e in switches), result.events
+    assert result.events[-1]["type"] == "turn_done" and result.events[-1]["audio_ms"] > 1000
+    return jiwer.wer(_words(sentence), _words(transcribe(whisper, result.pcm)))
+
+
+async def test_myna_room_speaks_with_dsm_behind_a_piper_fallback(livekit_node, tiny_dsm, whisper):
+    room = room_name()
+    myna = Myna("room", "--url", livekit_node.url, "--room", room, "--identity", "bot", *dsm_behind_piper(tiny_dsm),
+                env={"NO_TORCH_COMPILE": "1"})
+    try:
+        await myna.wait_for("myna: in room", timeout=240)
+        async with RoomClient(livekit_node.url, token(room, "alice"), myna_identity="bot") as client:
+            assert client.ready["engines"] == ["dsm", "piper"] and client.ready["engine"] == "dsm"
+            result = await client.speak(SENTENCES[0], tokens_per_s=30, timeout=120)
+        assert heard_well(result, whisper, SENTENCES[0]) <= 0.3
+    finally:
+        assert myna.stop() == 0
+
+
+async def test_myna_worker_speaks_with_dsm_behind_a_piper_fallback(livekit_node, tiny_dsm, whisper):
+    worker = Myna("worker", "--url", livekit_node.url, "--agent-name", "myna-dsm", *dsm_behind_piper(tiny_dsm),
+                  env={"NO_TORCH_COMPILE": "1"})
+    try:
+        await worker.wait_for("registered as agent 'myna-dsm'", timeout=240)
+        room = room_name()
+        async with RoomClient(livekit_node.url, token(room, "alice", agent_dispatch="myna-dsm")) as client:
+            result = await client.speak(SENTENCES[4], tokens_per_s=30, timeout=120)
+        assert heard_well(result, whisper, SENTENCES[4]) <= 0.3
+    finally:
+        assert worker.stop() == 0
+
+
+async def test_myna_room_applies_the_session_limits_of_serve(livekit_node):
+    room = room_name()
+    myna = Myna("room", "--url", livekit_node.url, "--room", room, "--identity", "bot", "--max-turn-chars", "60",
+                "--max-queued-turns", "1")
+    try:
+        await myna.wait_for("myna: in room")
+        async with RoomClient(livekit_node.url, token(room, "alice"), myna_identity="bot") as client:
+            turn_id, _, sender = await client.start_turn("one two three four five six seven eight nine ten " * 3,
+                                                         tokens_per_s=None)
+            events = await client.turn_events(turn_id)
+            await sender
+            codes = [e["code"] for e in events if e["type"] == "error"]
+            assert codes[0] == "turn_too_long" and set(codes) <= {"turn_too_long", "turn_ended"}
+            assert events[-1]["type"] == "turn_done" and events[-1]["audio_ms"] > 500  # what came before is spoken
+            long_id, _, sender = await client.start_turn(" ".join(SENTENCES[:2]), tokens_per_s=None)
+            await client.next_event("first_audio")
+            second, _, late = await client.start_turn("Are you still there?", tokens_per_s=None)
+            refused = await client.next_event("error")
+            assert (refused["code"], refused["turn_id"]) == ("too_many_turns", second)
+            await asyncio.gather(sender, late)
+    finally:
+        assert myna.stop() == 0
+
+
+async def spoken_through_a_drain(myna: Myna, client: RoomClient) -> list[dict]:
+    """SIGTERM to ``myna`` while a long turn speaks: that turn's events to its end, and what a
+    turn started during the drain got."""
+    turn_id, _, sender = await client.start_turn(" ".join(SENTENCES[:3]), tokens_per_s=None)  # ~12 s of speech
+    await client.next_event("first_audio", timeout=60)
+    await asyncio.sleep(1.0)
+    myna.proc.send_signal(signal.SIGTERM)
+    await myna.wait_for("draining")
+    refused_id, _, late = await client.start_turn("One more thing.", tokens_per_s=None)
+    events = await client.turn_events(turn_id, timeout=60)
+    refusals = [e for e in client.history if e.get("turn_id") == refused_id and e["type"] == "error"]
+    await asyncio.gather(sender, late, return_exceptions=True)
+    assert refusals and refusals[0]["code"] == "draining"
+    return events
+
+
+async def test_myna_room_finishes_its_speaking_turn_on_sigterm(livekit_node):
+    room = room_name()
+    myna = Myna("room", "--url", livekit_node.url, "--room", room, "--identity", "bot", "--drain-timeout", "60")
+    try:
+        await myna.wait_for("myna: in room")
+        async with RoomClient(livekit_node.url, token(room, "alice"), myna_identity="bot") as client:
+            events = await spoken_through_a_drain(myna, client)
+        done = events[-1]
+        assert done["type"] == "turn_done" and not done.get("interrupted") and done["audio_ms"] > 8000
+        assert await myna.exit_code(timeout=60) == 0
+    finally:
+        myna.stop()
+
+
+async def test_myna_worker_finishes_its_speaking_rooms_on_sigterm(livekit_node):
+    worker = Myna("worker", "--url", livekit_node.url, "--agent-name", "myna-drain", "--drain-timeout", "60")
+    try:
+        await worker.wait_for("registered as agent 'myna-drain'")
+        room = room_name()
+        async with RoomClient(livekit_node.url, token(room, "alice", agent_dispatch="myna-drain")) as client:
+            events = await spoken_through_a_drain(worker, client)
+        done = events[-1]
+        assert done["type"] == "turn_done" and not done.get("interrupted") and done["audio_ms"] > 8000
+        assert await worker.exit_code(timeout=60) == 0
+        assert "new dispatches go to other workers" in worker.output()
+    finally:
+        worker.stop()

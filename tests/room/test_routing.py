@@ -10,12 +10,14 @@ import time
 import numpy as np
 import pytest
 
-from myna.audio.playout import Gaps
+from myna.audio.turns import Gaps
 from myna.engines import AudioChunk, Engine, SynthesisStream, WordEvent
+from myna.events import TurnDone, TurnStarted, Word
+from myna.messages import EndTurn, Text
 from myna.metrics import Metrics
 from myna.room import routing
 from myna.room.routing import Router
-from myna.rtc.session import Session
+from myna.session import Session
 
 
 class EchoStream(SynthesisStream):
@@ -55,6 +57,7 @@ class RecordingOutput:
     def begin_turn(self, turn_id, text_at):
         self.turns.append(turn_id)
         self.words[turn_id] = []
+        self.sink(TurnStarted(turn_id=turn_id))
 
     def push_audio(self, turn_id, pcm, sample_rate):
         pass
@@ -62,24 +65,26 @@ class RecordingOutput:
     def push_word(self, turn_id, word, start_ms):
         if turn_id in self.words:
             self.words[turn_id].append(word)
-            self.sink({"type": "word", "turn_id": turn_id, "word": word, "start_ms": start_ms})
+            self.sink(Word(turn_id=turn_id, word=word, start_ms=start_ms))
 
     def end_turn(self, turn_id):
         if turn_id in self.turns and turn_id in self.hold:
             self.held.add(turn_id)
         elif turn_id in self.turns:
             self.turns.remove(turn_id)
-            self.sink({"type": "turn_done", "turn_id": turn_id, "audio_ms": 0.0, "underruns": 0, **Gaps().fields()})
+            self.sink(TurnDone(turn_id=turn_id, audio_ms=0.0, underruns=0, **Gaps().fields()))
 
     def release(self, turn_id):
         self.hold = set()
         self.end_turn(turn_id)
 
     def interrupt(self):
-        dropped = [{"type": "turn_done", "turn_id": t, "audio_ms": 0.0, "underruns": 0, **Gaps().fields(),
-                    "interrupted": True} for t in self.turns]
+        dropped = [TurnDone(turn_id=t, audio_ms=0.0, underruns=0, **Gaps().fields(), interrupted=True) for t in self.turns]
         self.turns.clear()
         return dropped
+
+    def reset(self):
+        self.turns.clear()
 
     def audio_runs_out_at(self):
         return time.monotonic()
@@ -91,9 +96,9 @@ def room():
     delivered: list[tuple[str, dict]] = []
     engine = Echo()
     outputs = []
-    router = Router(lambda send: Session(engine=engine, send=send, metrics=Metrics(),
-                                         output=lambda sink: outputs.append(RecordingOutput(sink)) or outputs[-1]),
-                    lambda identity, event: delivered.append((identity, json.loads(json.dumps(event)))))
+    router = Router(lambda send: Session(engine, lambda s: outputs.append(RecordingOutput(s.on_output_event)) or outputs[-1],
+                                         send, Metrics()),
+                    lambda identity, event: delivered.append((identity, json.loads(json.dumps(event.to_dict())))))
     router.output = outputs[0]
     return router, delivered, engine
 
@@ -109,10 +114,10 @@ async def settle():
 
 async def test_each_participant_sees_its_own_turn_ids_and_its_text_stays_in_its_turn(room):
     router, delivered, _ = room
-    router.message("alice", {"type": "text", "turn_id": "1", "text": "good morning"})
-    router.message("bob", {"type": "text", "turn_id": "1", "text": "bonjour"})
-    router.message("alice", {"type": "end_turn", "turn_id": "1"})
-    router.message("bob", {"type": "end_turn", "turn_id": "1"})
+    router.message("alice", Text("1", "good morning"))
+    router.message("bob", Text("1", "bonjour"))
+    router.message("alice", EndTurn("1"))
+    router.message("bob", EndTurn("1"))
     await settle()
     words = lambda who: [e["word"] for w, e in delivered if w == who and e["type"] == "word"]  # noqa: E731
     assert words("alice") == ["good", "morning"] and words("bob") == ["bonjour"]
@@ -122,11 +127,11 @@ async def test_each_participant_sees_its_own_turn_ids_and_its_text_stays_in_its_
 
 async def test_a_late_chunk_for_an_ended_turn_is_refused_to_its_sender_only(room):
     router, delivered, _ = room
-    router.message("alice", {"type": "end_turn", "turn_id": "a"})
+    router.message("alice", EndTurn("a"))
     await settle()
-    router.message("alice", {"type": "text", "turn_id": "a", "text": "too late"})
+    router.message("alice", Text("a", "too late"))
     assert delivered[-1] == ("alice", {"type": "error", "code": "turn_ended", "turn_id": "a",
-                                       "message": "turn 'a' has ended; use a new turn_id"})
+                                       "message": "this turn has ended; use a new turn_id"})
     assert all(who == "alice" for who, _ in delivered)
 
 
@@ -145,20 +150,20 @@ async def test_who_may_speak(room, caplog):
     router, delivered, engine = room
     router.speak_for = frozenset({"alice"})
     caplog.set_level(logging.WARNING, logger="myna.room")
-    router.message("mallory", {"type": "text", "turn_id": "m", "text": "hello"})
+    router.message("mallory", Text("m", "hello"))
     assert delivered == [("mallory", {"type": "error", "code": "not_allowed", "turn_id": "m",
                                       "message": "'mallory' may not speak through Myna"})]
     assert "not allowed to speak" in caplog.text and not engine.streams
     with pytest.raises(PermissionError):
         router.interrupt("mallory")
-    router.message("alice", {"type": "text", "turn_id": "a", "text": "hi"})
+    router.message("alice", Text("a", "hi"))
     assert engine.streams
 
 
 async def test_interrupt_returns_the_callers_dropped_turns_and_tells_every_owner(room):
     router, delivered, _ = room
-    router.message("alice", {"type": "text", "turn_id": "a1", "text": "one"})
-    router.message("bob", {"type": "text", "turn_id": "b1", "text": "two"})
+    router.message("alice", Text("a1", "one"))
+    router.message("bob", Text("b1", "two"))
     assert router.speaking()
     assert router.interrupt("alice") == ["a1"]
     assert ("alice", {"type": "turn_done", "turn_id": "a1", "audio_ms": 0.0, "underruns": 0, **Gaps().fields(),
@@ -170,19 +175,19 @@ async def test_interrupt_returns_the_callers_dropped_turns_and_tells_every_owner
 
 async def test_a_participant_leaving_mid_turn_cancels_its_synthesis(room):
     router, delivered, engine = room
-    router.message("bob", {"type": "text", "turn_id": "b", "text": "a long reply"})
+    router.message("bob", Text("b", "a long reply"))
     router.participant_left("alice")  # owns nothing: nothing happens
     assert router.speaking() and not engine.streams[0].cancelled
     router.participant_left("bob")
     assert engine.streams[0].cancelled and not router.speaking()
-    router.message("bob", {"type": "text", "turn_id": "b", "text": "back again"})  # a new session of bob's
+    router.message("bob", Text("b", "back again"))  # a new session of bob's
     assert router.speaking() and len(engine.streams) == 2
 
 
 async def test_long_stream_chunks_are_cut_into_contract_sized_pieces(room):
     router, delivered, engine = room
     router.text("alice", "s1", "word " * 3000)  # 15,000 characters in one chunk
-    router.message("alice", {"type": "end_turn", "turn_id": "s1"})
+    router.message("alice", EndTurn("s1"))
     await settle()
     assert not [e for _, e in delivered if e["type"] == "error"]
     assert sum(1 for _, e in delivered if e["type"] == "word") == 3000
@@ -192,9 +197,9 @@ async def test_ended_turn_ids_are_forgotten_beyond_the_limit_but_live_ones_never
     monkeypatch.setattr(routing, "REMEMBERED_PAIRS", 3)
     router, delivered, _ = room
     router.output.hold = {"r1"}  # the first turn keeps playing
-    router.message("alice", {"type": "text", "turn_id": "live", "text": "x"})
+    router.message("alice", Text("live", "x"))
     for i in range(10):
-        router.message("alice", {"type": "end_turn", "turn_id": f"t{i}"})
+        router.message("alice", EndTurn(f"t{i}"))
         await settle()
     assert list(router._ids) == [("alice", "live"), ("alice", "t7"), ("alice", "t8"), ("alice", "t9")]
     router.output.release("r1")

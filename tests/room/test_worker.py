@@ -6,6 +6,7 @@ import asyncio
 
 from livekit.agents.telemetry import loop_monitor
 
+from myna.engines.build import Engines
 from myna.room.worker import LOOP_MONITOR_ENV, RoomWorker, agent_server
 from tests.room.test_bridge import LoopBound
 
@@ -25,9 +26,9 @@ def _job_loop_is_monitored() -> bool:
 
 async def test_job_loops_run_without_the_block_monitor_unless_asked_for(monkeypatch):
     monkeypatch.delenv(LOOP_MONITOR_ENV, raising=False)
-    agent_server(RoomWorker(LoopBound(), capacity=1), "ws://127.0.0.1:9", "key", "secret")
+    agent_server(RoomWorker(Engines({"loop-bound": LoopBound()}), capacity=1), "ws://127.0.0.1:9", "key", "secret")
     assert not _job_loop_is_monitored()
 
     monkeypatch.setenv(LOOP_MONITOR_ENV, "200")  # the operator's choice is kept
-    agent_server(RoomWorker(LoopBound(), capacity=1), "ws://127.0.0.1:9", "key", "secret")
+    agent_server(RoomWorker(Engines({"loop-bound": LoopBound()}), capacity=1), "ws://127.0.0.1:9", "key", "secret")
     assert _job_loop_is_monitored()

@@ -107,9 +107,9 @@ async def test_events_too_large_for_the_peer_are_dropped_reported_and_audio_keep
             assert ("first_audio", True) in kinds and ("turn_done", True) in kinds
             await asyncio.sleep(0.2)
             assert first_audible_sample(np.concatenate(frames[before:]), 48_000) is not None  # audio still flows
-            peer = next(iter(worker.peers.values()))
-            assert peer.max_event_bytes == 150 and peer.session.track.errors == 0
-            await worker.close_peer(peer.pc_id)  # closing does not raise either
+            peer = next(iter(worker.webrtc.peers.values()))
+            assert peer.max_event_bytes == 150 and peer.track.errors == 0
+            await worker.webrtc.close_peer(peer.pc_id)  # closing does not raise either
         finally:
             await pc.close()
 
@@ -122,10 +122,10 @@ async def test_closed_peer_connections_are_released_at_close():
                 await client.speak("hi", tokens_per_s=None)
             del client
         for _ in range(100):
-            if not worker.peers:
+            if not worker.webrtc.peers:
                 break
             await asyncio.sleep(0.05)
-        assert not worker.peers
+        assert not worker.webrtc.peers
         gc.collect()
         # Well inside the 30 s connect timeout: nothing may still hold a closed connection.
         assert sum(isinstance(o, RTCPeerConnection) for o in gc.get_objects()) == 0

@@ -31,7 +31,7 @@ class VirtualTime:
 def make(opus=None):
     vt = VirtualTime()
     events: list[dict] = []
-    playout = Playout(events.append, clock=vt.clock)
+    playout = Playout(lambda event: events.append(event.to_dict()), clock=vt.clock)
     return PacedAudioTrack(playout, clock=vt.clock, sleep=vt.sleep, opus=opus), playout, vt, events
 
 
@@ -202,22 +202,20 @@ def put_unplayable_chunk(playout: Playout, turn_id: str) -> None:
 
 
 async def test_a_session_drops_its_turns_says_so_and_speaks_again_when_a_frame_fails():
-    from myna.metrics import Metrics
-    from myna.rtc.session import Session
-
-    from inprocess import ToneEngine
+    from inprocess import ToneEngine, paced_session
 
     sent = []
-    session = Session(engine=ToneEngine(), send=sent.append, metrics=Metrics())
-    session.handle_message('{"type": "text", "turn_id": "a", "text": "one two "}')
-    put_unplayable_chunk(session.playout, "a")  # the turn's queue now holds it
+    session = paced_session(ToneEngine(), sent)
+    track = PacedAudioTrack(session.output, on_error=session.output_failed)  # as the WebRTC door builds it
+    session.receive('{"type": "text", "turn_id": "a", "text": "one two "}')
+    put_unplayable_chunk(session.output, "a")  # the turn's queue now holds it
     for _ in range(3):
-        await session.track.recv()
+        await track.recv()
     assert [(e["type"], e.get("code"), e.get("interrupted")) for e in sent[1:]] == [
         ("error", "audio_failed", None), ("turn_done", None, True)]
-    session.handle_message('{"type": "text", "turn_id": "b", "text": "three "}')
-    session.handle_message('{"type": "end_turn", "turn_id": "b"}')
+    session.receive('{"type": "text", "turn_id": "b", "text": "three "}')
+    session.receive('{"type": "end_turn", "turn_id": "b"}')
     for _ in range(40):
-        await session.track.recv()
+        await track.recv()
     assert sent[-1]["type"] == "turn_done" and sent[-1]["turn_id"] == "b" and sent[-1]["audio_ms"] > 100
     await session.close()

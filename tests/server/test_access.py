@@ -17,10 +17,10 @@ from livekit.api import AccessToken, VideoGrants
 from inprocess import ToneEngine
 from myna.bench.soak import serve_in_process
 from myna.rtc.client import MynaClient
-from myna.rtc.session import MAX_MESSAGE_BYTES
+from myna.events import MAX_MESSAGE_BYTES
 from myna.server.app import Worker
 from myna.server.auth import Authenticator, mint_token
-from myna.server.limits import Limits
+from myna.limits import Limits
 
 
 KEY, SECRET = "myna-test-key", "a-test-secret-that-is-long-enough-for-hs256"
@@ -82,7 +82,7 @@ async def test_tokens_over_http_missing_bad_expired_wrong_grant_and_good():
         async with MynaClient(url, engine="tone", token=good) as client:  # the good token speaks
             result = await client.speak("hello there", tokens_per_s=None)
         assert result.event_types()[-1] == "turn_done" and result.perceived_ttfa_ms is not None
-        assert not w.peers or all(p.owner == "identity:alice" for p in w.peers.values())
+        assert not w.webrtc.peers or all(p.owner == "identity:alice" for p in w.webrtc.peers.values())
 
 
 @pytest.mark.network
@@ -146,7 +146,7 @@ async def test_full_worker_refuses_offers_with_503_retry_after_and_readiness_say
             result = await speaking.speak("still speaking after the refusal", tokens_per_s=None)
             assert result.event_types()[-1] == "turn_done" and "error" not in result.event_types()
         for _ in range(100):  # the slot comes back once the peer is closed
-            if not w.peers:
+            if not w.webrtc.peers:
                 break
             await asyncio.sleep(0.05)
         async with http.get(f"{url}/healthz") as resp:

@@ -20,12 +20,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from inprocess import ToneEngine
+from inprocess import ToneEngine, paced_session
 from myna.bench.soak import serve_in_process
 from myna.metrics import Metrics
-from myna.rtc.session import MAX_MESSAGE_BYTES, Session
+from myna.events import MAX_MESSAGE_BYTES
 from myna.server.app import Worker
-from myna.server.limits import Limits
+from myna.limits import Limits
 
 EXAMPLES = int(os.environ.get("MYNA_FUZZ_EXAMPLES", "150"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=False)
@@ -68,13 +68,12 @@ def check_event(event: dict, codes: set[str]) -> None:
 def test_a_session_survives_any_message_sequence(raws):
     async def run() -> None:
         sent: list[dict] = []
-        session = Session(engine=ToneEngine(), send=sent.append, metrics=Metrics(), max_turn_chars=10_000,
-                          max_queued_turns=4)
+        session = paced_session(ToneEngine(), sent, Metrics(), limits=Limits(max_turn_chars=10_000, max_queued_turns=4))
         for raw in raws:
-            session.handle_message(raw)
+            session.receive(raw)
             await asyncio.sleep(0)
         session.interrupt()
-        session.handle_message(json.dumps({"type": "text", "turn_id": "after-the-fuzz", "text": "still here"}))
+        session.receive(json.dumps({"type": "text", "turn_id": "after-the-fuzz", "text": "still here"}))
         assert sent[-1] == {"type": "turn_started", "turn_id": "after-the-fuzz"}  # the session lives
         for event in sent:
             check_event(event, SESSION_CODES)

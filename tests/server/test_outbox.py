@@ -31,7 +31,7 @@ async def test_a_slow_consumer_is_closed_once_its_unsent_audio_passes_the_cap():
     ws = StuckSocket()
     outbox = Outbox(ws, max_audio_bytes=10_000)
     for _ in range(50):  # 50 × 1 kB: five times the cap
-        outbox.put_audio(b"\x00" * 1000)
+        outbox.put_audio("t", b"\x00" * 1000)
         await asyncio.sleep(0)
     assert outbox.overflowed
     assert sum(len(i) for i in outbox._items if isinstance(i, bytes)) == 0  # the backlog was dropped

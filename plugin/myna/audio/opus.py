@@ -29,12 +29,23 @@ from dataclasses import dataclass
 import av
 import numpy as np
 
-SAMPLE_RATE = 48_000
-FRAME_SAMPLES = 960
+from myna.audio.playout import FRAME_SAMPLES, SAMPLE_RATE
+
+#: pts units of every frame and packet: 1/48000 s (a sample).
 TIME_BASE = fractions.Fraction(1, SAMPLE_RATE)
 #: Silent frames still fed to the encoder after audio (its state decays to silence) before the
 #: cached silent packet takes over.
 SETTLE_FRAMES = 5
+
+
+def audio_frame(samples: np.ndarray, pts: int) -> av.AudioFrame:
+    """One frame as PyAV takes it: int16 mono ``[960]`` samples at 48 kHz, ``pts`` in 1/48000 s."""
+    frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(samples, dtype=np.int16).reshape(1, -1), format="s16",
+                                       layout="mono")
+    frame.sample_rate = SAMPLE_RATE
+    frame.time_base = TIME_BASE
+    frame.pts = pts
+    return frame
 
 
 @dataclass(frozen=True)
@@ -105,12 +116,7 @@ class VoiceOpusEncoder:
         if self._silent_run > SETTLE_FRAMES:
             payload = self._silent_payload
         else:
-            frame = av.AudioFrame.from_ndarray(
-                np.ascontiguousarray(samples, dtype=np.int16).reshape(1, -1), format="s16", layout="mono"
-            )
-            frame.sample_rate = SAMPLE_RATE
-            frame.time_base = TIME_BASE
-            frame.pts = self._next_pts
+            frame = audio_frame(samples, self._next_pts)
             self._next_pts += FRAME_SAMPLES
             packets = self._ctx.encode(frame)
             # libopus answers each 20 ms frame with exactly one packet (no look-ahead queue).
@@ -126,13 +132,9 @@ def _silent_payload(settings: OpusSettings) -> bytes:
     SILK mode (20–35 bytes a packet without DTX); at 64 kbit/s it uses CELT, whose silence flag
     makes the whole packet 3 bytes. Opus packets are self-describing, so mixing modes is legal."""
     ctx = OpusSettings(64_000, False, 0, 10, settings.channels).codec()
-    zeros = np.zeros((1, FRAME_SAMPLES), dtype=np.int16)
+    zeros = np.zeros(FRAME_SAMPLES, dtype=np.int16)
     payload = b""
     for i in range(2 * SETTLE_FRAMES + 5):
-        frame = av.AudioFrame.from_ndarray(zeros, format="s16", layout="mono")
-        frame.sample_rate = SAMPLE_RATE
-        frame.time_base = TIME_BASE
-        frame.pts = i * FRAME_SAMPLES
-        for p in ctx.encode(frame):
+        for p in ctx.encode(audio_frame(zeros, i * FRAME_SAMPLES)):
             payload = bytes(p)
     return payload

@@ -1,7 +1,8 @@
-"""Playout: engine audio of any size and rate in, 20 ms frames at 48 kHz out.
+"""Playout: engine audio of any size and rate in, 20 ms frames at 48 kHz out (the paced output).
 
-One :class:`Playout` per session. Turns are queued in order; each turn's PCM is resampled to
-48 kHz (:class:`~myna.audio.resample.TurnResampler`) and buffered. The transport calls :meth:`Playout.next_frame`
+One :class:`Playout` per session whose transport plays frames in real time (WebRTC, LiveKit
+rooms). Turns are queued in order (:class:`~myna.audio.turns.TurnQueue`: each turn's PCM is
+resampled to 48 kHz and buffered, its words placed). The transport calls :meth:`Playout.next_frame`
 once per 20 ms deadline (see :class:`myna.rtc.track.PacedAudioTrack`) and always gets exactly
 960 samples: the head turn's audio, the next turn's audio without a gap once it ends, or silence
 while idle. Events (``first_audio``, ``word``, ``turn_done``) fire when the frame that carries
@@ -28,7 +29,7 @@ Rules:
   resumes at the first frame deadline after the chunk arrives. Gaps are measured per turn in
   ``turn_done``: ``gap_ms`` (``count``, ``total``, ``longest``: milliseconds of silence
   inserted) and ``gaps`` (``[start_ms, duration_ms]``: where in the turn's audio each gap
-  began and how long it lasted; the first :data:`MAX_GAPS_LISTED`).
+  began and how long it lasted; the first :data:`~myna.audio.turns.MAX_GAPS_LISTED`).
 - **Frame-level producers** (DSM: chunks of 80 ms that may end inside a word). The start may be
   held, within the budget, by a pre-roll rule (by default
   :class:`myna.audio.preroll.JitterAwarePreRoll`, which predicts underruns from the producer's
@@ -49,29 +50,25 @@ Rules:
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable
 
 import numpy as np
 
-from myna.audio.onset import first_audible_sample
+from myna.audio.pcm import to_s16
 from myna.audio.preroll import JitterAwarePreRoll, PreRollRule, ProducerStats
-from myna.audio.resample import TurnResampler
-from myna.events import FirstAudio, TurnDone, Word
+from myna.audio.turns import EventSink, OutputTurn, TurnQueue
+from myna.events import Event
 
+#: The frame every paced transport sends: 20 ms of mono audio at 48 kHz.
 SAMPLE_RATE = 48_000
-FRAME_SAMPLES = 960  # 20 ms at 48 kHz
+FRAME_SAMPLES = 960
+FRAME_SECONDS = FRAME_SAMPLES / SAMPLE_RATE
 FADE_SAMPLES = 240  # 5 ms at 48 kHz
 #: Default budget: the longest any rule may hold a turn's ready first audio (s); see "Start".
 MAX_HOLD_S = 0.1
 #: Wake-up lateness of a frame deadline the budget allows for (s): a turn is not held into a
 #: deadline closer than this to the end of the budget.
 HOLD_SLACK_S = 0.01
-#: ``turn_done.gaps`` lists at most this many gaps (``gap_ms`` counts them all).
-MAX_GAPS_LISTED = 32
-
-Event = dict
-EventSink = Callable[[Event], None]
 
 #: What :meth:`Playout.next_frame` returns while idle: one shared read-only frame of zeros
 #: (a transport may test ``frame is IDLE_FRAME`` to take a cheap path).
@@ -79,82 +76,25 @@ IDLE_FRAME = np.zeros(FRAME_SAMPLES, dtype=np.int16)
 IDLE_FRAME.flags.writeable = False
 
 
-class Gaps:
-    """A turn's gaps: where in the turn's audio each began and how long it lasted (ms)."""
+class _Turn(OutputTurn):
+    """One turn's queued 48 kHz audio and the paced path's own bookkeeping."""
 
-    def __init__(self) -> None:
-        self.spans: list[tuple[float, float]] = []
-
-    def add(self, start_ms: float, length_ms: float) -> None:
-        self.spans.append((start_ms, length_ms))
-
-    def fields(self) -> dict:
-        """``gap_ms`` (``count``, ``total``, ``longest``) and ``gaps`` (``[start_ms,
-        duration_ms]``, the first :data:`MAX_GAPS_LISTED`), as ``turn_done`` carries them."""
-        lengths = [n for _, n in self.spans]
-        return {
-            "gap_ms": {"count": len(lengths), "total": round(sum(lengths), 1), "longest": round(max(lengths, default=0.0), 1)},
-            "gaps": [[round(at, 1), round(n, 1)] for at, n in self.spans[:MAX_GAPS_LISTED]],
-        }
-
-
-class _Turn:
-    """One turn's queued audio and bookkeeping (48 kHz float32)."""
-
-    def __init__(self, turn_id: str, text_at: float):
-        self.turn_id = turn_id
-        self.text_at = text_at  # monotonic time the first text chunk arrived (s)
-        self.chunks: deque[np.ndarray] = deque()  # queued 48 kHz audio, oldest first
-        self.buffered = 0  # samples queued
-        self.resampler = TurnResampler(SAMPLE_RATE)
-        self.words: deque[tuple[int, str]] = deque()  # (sample offset at 48 kHz, word)
-        self.played = 0  # samples handed out so far
-        self.ended = False
+    def __init__(self, turn_id: str, text_at: float, rate: int):
+        super().__init__(turn_id, text_at, rate)
         self.playing = False
-        self.first_audio_sent = False
         self.starving = False
         self.starved_at: float | None = None  # when the current gap or underrun began (clock s)
         self.resume_fade = False
-        self.underruns = 0
         self.stats = ProducerStats(text_at)
         self.pre_roll_ms = 0.0  # first chunk's arrival → start of playout (ms)
-        self.gaps = Gaps()
         self.gap_open: list[int] | None = None  # [start, silence so far] in samples, of the gap playing now
 
     def close_gap(self, keep: bool) -> None:
         """End the gap in progress; ``keep`` it when audio follows it (silence at the very end
         of a turn is the turn's end, not a pause)."""
         if self.gap_open is not None and keep:
-            self.gaps.add(self.gap_open[0] / 48.0, self.gap_open[1] / 48.0)
+            self.gaps.add(1000.0 * self.gap_open[0] / self.rate, 1000.0 * self.gap_open[1] / self.rate)
         self.gap_open = None
-
-    def done_event(self, interrupted: bool = False) -> dict:
-        """The ``turn_done`` event as of now (see the module docstring)."""
-        return TurnDone(turn_id=self.turn_id, audio_ms=round(self.played / 48.0, 1), underruns=self.underruns,
-                        **self.gaps.fields(), interrupted=interrupted).to_dict()
-
-    def append(self, x: np.ndarray) -> None:
-        """Queue 48 kHz float32 audio ``[n]`` (kept as it is: not the caller's array)."""
-        if len(x):
-            self.chunks.append(x)
-            self.buffered += len(x)
-
-    def take(self, n: int) -> np.ndarray:
-        """Remove and return up to ``n`` samples (a new array; queued chunks are never copied whole)."""
-        n = min(n, self.buffered)
-        out = np.empty(n, dtype=np.float32)
-        filled = 0
-        while filled < n:
-            head = self.chunks[0]
-            k = min(n - filled, len(head))
-            out[filled : filled + k] = head[:k]
-            filled += k
-            if k == len(head):
-                self.chunks.popleft()
-            else:
-                self.chunks[0] = head[k:]
-        self.buffered -= n
-        return out
 
     def peek(self, n: int) -> np.ndarray:
         """A copy of the next ``n`` samples (fewer if fewer are queued), left in the queue."""
@@ -165,12 +105,12 @@ class _Turn:
         return out
 
 
-class Playout:
+class Playout(TurnQueue):
     """Turn queue → 20 ms, 48 kHz frames with events.
 
     Args:
-        on_event: called with contract event dicts (``first_audio``, ``word``, ``turn_done``)
-            from inside :meth:`next_frame`.
+        on_event: the session's event sink: ``turn_started`` when a turn is queued;
+            ``first_audio``, ``word`` and ``turn_done`` from inside :meth:`next_frame`.
         clock: monotonic clock in seconds (injectable for tests).
         pre_roll: for frame-level producers, when a turn starts (within the budget) or resumes
             after an underrun; default a fresh :class:`~myna.audio.preroll.JitterAwarePreRoll`
@@ -179,6 +119,8 @@ class Playout:
             whose chunks end at word boundaries"): start at once, pause at a late chunk.
         max_hold_s: the budget: the longest ready first audio may be held (s).
     """
+
+    turn_class = _Turn
 
     def __init__(
         self,
@@ -189,52 +131,24 @@ class Playout:
         chunks_end_at_words: bool = False,
         max_hold_s: float = MAX_HOLD_S,
     ):
-        self._on_event = on_event
-        self._clock = clock
+        super().__init__(on_event, SAMPLE_RATE, clock, chunks_end_at_words=chunks_end_at_words)
         self.pre_roll: PreRollRule = pre_roll if pre_roll is not None else JitterAwarePreRoll()
-        self.chunks_end_at_words = chunks_end_at_words
         self.max_hold_s = max_hold_s
-        self._turns: deque[_Turn] = deque()
-        self._by_id: dict[str, _Turn] = {}
         self._tail: np.ndarray | None = None  # faded remainder after a barge-in
         self._due = 0.0  # when the frame being made is due (clock s)
 
-    # -- producer side -------------------------------------------------------------------
-    def begin_turn(self, turn_id: str, text_at: float) -> None:
-        """Queue a new turn; ``text_at`` is when its first text chunk arrived (``clock`` s)."""
-        turn = _Turn(turn_id, text_at)
-        self._turns.append(turn)
-        self._by_id[turn_id] = turn
+    @classmethod
+    def for_session(cls, session) -> "Playout":
+        """The playout of a :class:`~myna.session.Session`: its events, clock, start budget and
+        its engine's kind of chunks."""
+        return cls(session.on_output_event, clock=session.clock, max_hold_s=session.max_hold_s,
+                   chunks_end_at_words=session.engine.chunks_end_at_words)
 
-    def push_audio(self, turn_id: str, pcm: np.ndarray, sample_rate: int) -> None:
-        """Queue PCM for a turn: float32 mono ``[n]`` in [-1, 1] at ``sample_rate`` Hz.
+    # -- producer side (TurnQueue) ------------------------------------------------------------
+    def _audio_added(self, turn: _Turn, seconds: float) -> None:
+        turn.stats.add(self._clock(), seconds)
 
-        Audio for a turn that was dropped (interrupted) is ignored.
-
-        Raises:
-            ValueError: if the sample rate changes within a turn.
-        """
-        turn = self._by_id.get(turn_id)
-        if turn is not None and not turn.ended:
-            x = turn.resampler.resample(pcm, sample_rate)
-            turn.append(x if x is not pcm else x.copy())  # (at 48 kHz already: the caller's array)
-            turn.stats.add(self._clock(), len(pcm) / sample_rate)
-
-    def push_word(self, turn_id: str, word: str, start_ms: float) -> None:
-        """Schedule a ``word`` event at ``start_ms`` into the turn's audio."""
-        turn = self._by_id.get(turn_id)
-        if turn is not None:
-            turn.words.append((int(round(start_ms * SAMPLE_RATE / 1000)), word))
-
-    def end_turn(self, turn_id: str) -> None:
-        """No more audio for this turn: flush the resampler; ``turn_done`` follows its last frame."""
-        turn = self._by_id.get(turn_id)
-        if turn is None or turn.ended:
-            return
-        turn.append(turn.resampler.flush())
-        turn.ended = True
-
-    def interrupt(self) -> list[dict]:
+    def interrupt(self) -> list[Event]:
         """Drop every queued turn (barge-in); returns each one's ``turn_done`` event (audio
         handed out, underruns, gaps) with ``"interrupted": True``, playing turn first.
 
@@ -246,18 +160,13 @@ class Playout:
             tail = head.peek(FADE_SAMPLES)
             tail *= np.linspace(1.0, 0.0, len(tail), endpoint=False, dtype=np.float32)
             self._tail = tail
-        dropped = []
         for turn in self._turns:
             turn.close_gap(keep=False)
-            dropped.append(turn.done_event(interrupted=True))
-        self._turns.clear()
-        self._by_id.clear()
-        return dropped
+        return super().interrupt()
 
-    @property
-    def idle(self) -> bool:
-        """True when no turn is queued."""
-        return not self._turns
+    def reset(self) -> None:
+        super().reset()
+        self._tail = None
 
     def audio_runs_out_at(self) -> float:
         """When the audio queued now (every turn's) will have played out (``clock`` s): a
@@ -266,7 +175,7 @@ class Playout:
         head = self._turns[0] if self._turns else None
         if head is not None and head.starving and head.starved_at is not None and not head.buffered:
             return head.starved_at
-        return self._clock() + sum(t.buffered for t in self._turns) / SAMPLE_RATE
+        return super().audio_runs_out_at()
 
     # -- transport side ------------------------------------------------------------------
     def next_frame(self, due: float | None = None) -> np.ndarray:
@@ -320,7 +229,8 @@ class Playout:
             else:
                 turn.starving = False
             out[filled : filled + len(seg)] = seg
-            self._emit_turn_events(turn, seg, filled)
+            turn.check_first_audio(seg, self._clock(), turn.pre_roll_ms, self._on_event)
+            turn.advance(len(seg), self._on_event)
             filled += len(seg)
             if not ready:
                 break
@@ -328,40 +238,18 @@ class Playout:
                 self._finish(turn)
         if self._turns and self._turns[0].gap_open is not None:
             self._turns[0].gap_open[1] += FRAME_SAMPLES - filled  # silence played in the gap
-        np.multiply(out, 32767.0, out=out)
-        np.minimum(out, 32767.0, out=out)  # (np.clip costs more than the rest of the frame)
-        np.maximum(out, -32767.0, out=out)
-        return out.astype(np.int16)
+        return to_s16(out, scratch=True)
 
     def _may_start(self, turn: _Turn) -> bool:
         """With a frame and the fade buffered: may the turn start (or resume) at this deadline?"""
         if self.chunks_end_at_words:
             return True  # a start or the end of a gap: never held
         now = self._due
-        if not turn.playing and now + FRAME_SAMPLES / SAMPLE_RATE + HOLD_SLACK_S - turn.stats.times[0] > self.max_hold_s:
+        if not turn.playing and now + FRAME_SECONDS + HOLD_SLACK_S - turn.stats.times[0] > self.max_hold_s:
             return True  # the next deadline (if it wakes a little late) would be past the budget
         return self.pre_roll.ready(turn.stats, turn.buffered / SAMPLE_RATE, now)
 
-    def _emit_turn_events(self, turn: _Turn, seg: np.ndarray, at: int) -> None:
-        if not turn.first_audio_sent and len(seg):
-            onset = first_audible_sample(seg, SAMPLE_RATE)
-            if onset is not None:
-                turn.first_audio_sent = True
-                self._on_event(FirstAudio(turn_id=turn.turn_id, server_ttfa_ms=round(1000.0 * (self._clock() - turn.text_at), 1),
-                                          pre_roll_ms=turn.pre_roll_ms).to_dict())
-        turn.played += len(seg)
-        if turn.first_audio_sent:
-            self._emit_words(turn, upto=turn.played)
-
-    def _emit_words(self, turn: _Turn, upto: float) -> None:
-        while turn.words and turn.words[0][0] < upto:
-            offset, word = turn.words.popleft()
-            self._on_event(Word(turn_id=turn.turn_id, word=word, start_ms=round(offset / 48.0, 1)).to_dict())
-
     def _finish(self, turn: _Turn) -> None:
-        self._turns.popleft()
-        self._by_id.pop(turn.turn_id, None)
         self.pre_roll.turn_finished(turn.stats)
-        self._emit_words(turn, upto=float("inf"))  # words placed past the end of the audio
         turn.close_gap(keep=False)
-        self._on_event(turn.done_event())
+        super()._finish(turn)

@@ -19,41 +19,26 @@ from __future__ import annotations
 
 import asyncio
 
-from myna.engines.base import Engine, EngineError, SynthesisStream, WordEvent
+from myna.engines.base import EngineError, EngineWrapper, SynthesisStream, WordEvent
 
 FAULTS = ("raise", "hang")
 
 
-class FaultyEngine(Engine):
-    """``inner`` with an injected fault (see the module docstring).
+class FaultyEngine(EngineWrapper):
+    """``inner`` with an injected fault (see the module docstring); all but its streams is
+    ``inner``'s.
 
     Args:
-        inner: the engine that synthesises (its name, rate, voices and chunk kind are used).
+        inner: the engine that synthesises.
         fault: ``raise``, ``hang`` or None (no fault).
         at_word: words passed through before the fault (0: before the first item of any kind).
     """
 
-    def __init__(self, inner: Engine, fault: str | None, at_word: int = 0):
+    def __init__(self, inner, fault: str | None, at_word: int = 0):
         if fault not in (*FAULTS, None):
             raise ValueError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
-        self.inner, self.fault, self.at_word = inner, fault, at_word
-        self.name = inner.name
-        self.chunks_end_at_words = inner.chunks_end_at_words
-        self.scripts = inner.scripts
-
-    @property
-    def sample_rate(self) -> int:
-        return self.inner.sample_rate
-
-    @property
-    def voices(self) -> list[str]:
-        return self.inner.voices
-
-    async def start(self) -> None:
-        await self.inner.start()
-
-    async def close(self) -> None:
-        await self.inner.close()
+        super().__init__(inner)
+        self.fault, self.at_word = fault, at_word
 
     def stream(self, voice: str | None = None, group: object = None) -> "FaultyStream":
         at_once = self.fault is not None and self.at_word == 0

@@ -53,10 +53,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``myna bench ttfa --transport livekit``."""
-    from myna.room.cli import require_livekit
+    from myna.extras import require
     from myna.bench.livekit_server import find_livekit_server, missing_livekit_server
 
-    require_livekit("bench ttfa --transport livekit")
+    require("livekit")
     if find_livekit_server() is None:
         raise SystemExit(f"bench ttfa --transport livekit: {missing_livekit_server()}")
     engine = args.engines.split(",")[0].strip()
@@ -259,7 +259,7 @@ def serve_both(argv: list[str] | None = None) -> int:
 
     from aiohttp import web
 
-    from myna.cli import _engines
+    from myna.engines.build import EngineOptions, build_engines
     from myna.rtc.ice import enable_loopback_candidates
     from myna.server.app import Worker, create_app
 
@@ -274,8 +274,7 @@ def serve_both(argv: list[str] | None = None) -> int:
     async def main() -> None:
         from myna.room.worker import RoomWorker, agent_server
 
-        worker = Worker(engines=_engines(args.engine))
-        engine = worker.engines[args.engine]
+        worker = Worker(engines=build_engines(EngineOptions(engines=args.engine)))
         app = create_app(worker)
         state = {"registered": False}
 
@@ -289,7 +288,7 @@ def serve_both(argv: list[str] | None = None) -> int:
                                       "room_source_gaps": sum(output.source_gaps for output in outputs)})
 
         app.router.add_get("/bench/cpu", cpu)
-        rooms = RoomWorker(engine, capacity=64, metrics=worker.metrics)
+        rooms = RoomWorker(worker.engines, capacity=64, sessions=worker.sessions)
         runner = web.AppRunner(app)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", args.port).start()

@@ -31,6 +31,7 @@ import numpy as np
 
 from myna.audio.playout import FRAME_SAMPLES, MAX_HOLD_S, SAMPLE_RATE, Playout
 from myna.audio.preroll import PreRollRule
+from myna.events import FirstAudio, TurnDone
 
 FRAME_S = FRAME_SAMPLES / SAMPLE_RATE
 
@@ -192,7 +193,7 @@ def simulate_paced(
     rng = random.Random(seed)
     plan = _turn_plan(rng, producer, turns, turn_s)
     vloop = _VirtualLoop(random.Random(seed + 1), overshoot or timer_overshoot())
-    events: list[dict] = []
+    events: list = []
     playout = Playout(events.append, clock=vloop.clock, pre_roll=pre_roll, max_hold_s=max_hold_s,
                       chunks_end_at_words=getattr(producer, "chunks_end_at_words", False))
     track = PacedAudioTrack(playout, clock=vloop.clock, sleep=vloop.sleep, opus=None)  # frames: no encoding here
@@ -237,15 +238,15 @@ def simulate_paced(
                     first_deadline = deadline
                 new = events[n_events:]
                 n_events = len(events)
-                if started_deadline is None and any(e["type"] == "first_audio" for e in new):
+                if started_deadline is None and any(isinstance(e, FirstAudio) for e in new):
                     started_deadline = deadline
-                    result.pre_roll_ms.append(next(e["pre_roll_ms"] for e in new if e["type"] == "first_audio"))
-                done = [e for e in new if e["type"] == "turn_done"]
+                    result.pre_roll_ms.append(next(e.pre_roll_ms for e in new if isinstance(e, FirstAudio)))
+                done = [e for e in new if isinstance(e, TurnDone)]
                 if done:
-                    result.underruns.append(done[0]["underruns"])
-                    result.gaps.append(done[0]["gap_ms"]["count"])
-                    result.gap_ms.append(done[0]["gap_ms"]["total"])
-                    result.audio_s += done[0]["audio_ms"] / 1000.0
+                    result.underruns.append(done[0].underruns)
+                    result.gaps.append(done[0].gap_ms["count"])
+                    result.gap_ms.append(done[0].gap_ms["total"])
+                    result.audio_s += done[0].audio_ms / 1000.0
                     break
             result.added_latency_ms.append(1000.0 * (started_deadline - first_deadline))
             first_deadline = None

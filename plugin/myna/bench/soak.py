@@ -140,7 +140,7 @@ def _malloc_trim() -> bool:
 async def settle(worker, timeout: float = 10.0) -> None:
     """Wait until the worker holds no session (closed peers are noticed asynchronously)."""
     deadline = time.monotonic() + timeout
-    while (worker.peers or worker.streams) and time.monotonic() < deadline:
+    while (worker.webrtc.peers or worker.streams) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     await asyncio.sleep(0.3)  # let closing tasks finish
 
@@ -276,7 +276,7 @@ async def idle_cost(worker, url: str, sessions: int, seconds: float, windows: in
     proc = await _start_clients(url, sessions, speak=False)
     try:
         await asyncio.sleep(2.0)  # connections settle (DTLS, first frames)
-        connected = len(worker.peers)
+        connected = len(worker.webrtc.peers)
         with_sessions = [await cpu_over(seconds) for _ in range(windows)]
     finally:
         await _stop_clients(proc)
@@ -304,8 +304,8 @@ async def long_run(worker, url: str, sessions: int, minutes: float, window_minut
         t0 = time.monotonic()
         samples.append((0.0, underruns()))
         while time.monotonic() - t0 < minutes * 60:
-            for peer in list(worker.peers.values()):  # record every frame's deadline deviation
-                track = peer.session.track
+            for peer in list(worker.webrtc.peers.values()):  # record every frame's deadline deviation
+                track = peer.track
                 if id(track) not in hooked:
                     hooked.add(id(track))
                     track.on_frame = lambda late: lateness.append((time.monotonic() - t0, late))
@@ -365,13 +365,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _run(args: argparse.Namespace) -> int:
-    from myna.cli import _engines
+    from myna.engines.build import EngineOptions, build_engines
     from myna.rtc.ice import set_peer_timeout
     from myna.server.app import Worker
-    from myna.server.limits import measure_capacity
+    from myna.limits import measure_capacity
 
     set_peer_timeout(30.0)
-    worker = Worker(engines=_engines(args.engine))
+    worker = Worker(engines=build_engines(EngineOptions(engines=args.engine)))
     out: dict = {"machine": {"cpus": os.cpu_count(), "load_1min": round(os.getloadavg()[0], 2),
                              "note": "shared machine: compare figures within this run"}}
     async with serve_in_process(worker) as url:

@@ -54,9 +54,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from myna.bench.systems import System, engine_stats, open_clients
+from myna.engines.build import SERVE_ENGINES
 
 DEFAULT_TEXT = "Sure, I can help with that: your table for four is booked at seven tonight."
-DEFAULT_ENGINES = "piper,piper-sentence,piper-whole"
 #: The replies of ``--phrase-cache`` (without ``--text``): openings from the default warm-up
 #: list, the second followed by a sentence the list does not hold (synthesised while the
 #: cached opening plays; cached after its first turn).
@@ -77,7 +77,7 @@ def add_parser(subparsers) -> None:
                               description=__doc__.split("\n\n")[0].replace("``", ""))
     p.add_argument("--server", metavar="URL", help="a running worker (default: start one on 127.0.0.1); "
                    "RTF then shows as —: only a worker started here reports its engines' busy time")
-    p.add_argument("--engines", "--engine", dest="engines", default=DEFAULT_ENGINES,
+    p.add_argument("--engines", "--engine", dest="engines", default=SERVE_ENGINES,
                    help="comma-separated engines (strategies) to race (default: %(default)s)")
     p.add_argument("--concurrency", default="1,4", help="comma-separated session counts (default: %(default)s)")
     p.add_argument("--turns", type=int, default=2, help="measured turns per session and cell (default: %(default)s)")
@@ -161,11 +161,11 @@ def run(args: argparse.Namespace) -> int:
         if args.server:
             url = args.server.rstrip("/")
         else:
-            servers.append(Server(["myna.bench.worker", "--engines", ",".join(plan.engines)], "worker"))
+            servers.append(Server(["myna.bench.worker", "--engine", ",".join(plan.engines)], "worker"))
             url = servers[-1].url
         systems = [System(e, url, e, server="myna") for e in plan.engines]
         if plan.phrase_cache:
-            servers.append(Server(["myna.bench.worker", "--engines", ",".join(plan.engines), "--phrase-cache-mb",
+            servers.append(Server(["myna.bench.worker", "--engine", ",".join(plan.engines), "--phrase-cache-mb",
                                    "64"], "worker with the phrase cache"))
             systems += [System(e + CACHE_SUFFIX, servers[-1].url, e, server="cache") for e in plan.engines]
         for label, other in compares:

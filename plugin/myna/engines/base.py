@@ -353,6 +353,30 @@ class Engine(abc.ABC):
     async def close(self) -> None:
         """Release threads and models."""
 
+    def use_phrase_cache(self, cache) -> bool:
+        """Answer synthesis from ``cache`` (a :class:`~myna.engines.phrase_cache.PhraseCache`)
+        when it holds the text, and store what is synthesised (None stops); True when this
+        engine takes part (by default it does not)."""
+        return False
+
+    @property
+    def warms_through(self) -> "Engine":
+        """The engine whose streams the phrase cache's warm-up speaks through: this one; a
+        wrapper that must not count warm-up turns as its own (a fallback's breaker) names the
+        engine it wraps."""
+        return self
+
+    def breaker_state(self) -> str | None:
+        """``closed``, ``open`` or ``half_open`` for an engine behind a circuit breaker
+        (:class:`myna.engines.fallback.CircuitBreaker`); None for one without."""
+        return None
+
+    def compute_stats(self) -> dict | None:
+        """Cumulative synthesis counters for benchmarks (``busy_s``, ``compute_s``, ``audio_s``,
+        ``units``: see :meth:`myna.engines.piper.PiperEngine.compute_stats`); None when the
+        engine keeps none."""
+        return None
+
     @abc.abstractmethod
     def stream(self, voice: str | None = None, group: object = None) -> SynthesisStream:
         """Open a stream for one turn (must be called on the event loop).
@@ -366,3 +390,80 @@ class Engine(abc.ABC):
         Raises:
             EngineError: ``unknown_voice`` when ``voice`` is not available.
         """
+
+
+class EngineWrapper(Engine):
+    """An engine in front of another (a fallback, a strategy, a bridge to another event loop,
+    an injected fault): everything the :class:`Engine` interface names is the inner engine's,
+    unless the wrapper says otherwise, so no wrapper can drop a property of what it wraps.
+
+    Args:
+        inner: the wrapped engine.
+    """
+
+    def __init__(self, inner: Engine):
+        self.inner = inner
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    @property
+    def sample_rate(self) -> int:
+        return self.inner.sample_rate
+
+    @property
+    def chunks_end_at_words(self) -> bool:
+        return self.inner.chunks_end_at_words
+
+    @property
+    def scripts(self) -> frozenset[str]:
+        return self.inner.scripts
+
+    @property
+    def voices(self) -> list[str]:
+        return self.inner.voices
+
+    async def start(self) -> None:
+        await self.inner.start()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    def use_phrase_cache(self, cache) -> bool:
+        return self.inner.use_phrase_cache(cache)
+
+    def breaker_state(self) -> str | None:
+        return self.inner.breaker_state()
+
+    def compute_stats(self) -> dict | None:
+        return self.inner.compute_stats()
+
+    def stream(self, voice: str | None = None, group: object = None) -> SynthesisStream:
+        return self.inner.stream(voice, group)
+
+
+class TurnOrder:
+    """Each group's turns one after another (a session's turns synthesise in the order they play).
+
+    :meth:`join` gives a new turn the future of its group's previous turn (to wait for) and its
+    own (to resolve when it is done, or dropped): the next turn of the group waits for that one.
+    """
+
+    def __init__(self) -> None:
+        self._tails: dict[object, asyncio.Future] = {}  # each group's last turn
+
+    def join(self, group: object) -> tuple[asyncio.Future | None, asyncio.Future]:
+        """``(previous, done)`` for a new turn of ``group``; ``previous`` is None when the
+        group has no turn in progress (or ``group`` is None: a turn of its own)."""
+        done = asyncio.get_running_loop().create_future()
+        if group is None:
+            return None, done
+        previous = self._tails.get(group)
+        self._tails[group] = done
+        done.add_done_callback(lambda _: self._tails.get(group) is done and self._tails.pop(group))
+        return previous, done
+
+    def __contains__(self, group: object) -> bool:
+        """True while ``group`` has a turn in progress."""
+        return group in self._tails

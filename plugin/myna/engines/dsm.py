@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from myna.engines.base import AudioChunk, Engine, EngineError, SynthesisStream, WordEvent, spoken_word
+from myna.engines.base import AudioChunk, Engine, EngineError, SynthesisStream, TurnOrder, WordEvent, spoken_word
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class DSMEngine(Engine):
         self.phrase_cache = None  # a PhraseCache once the worker attaches one (use_phrase_cache)
         self.tts = None
         self.loop = None
-        self._group_tails: dict[object, asyncio.Future] = {}  # each group's last turn (one slot per group)
+        self.order = TurnOrder()  # a group's turns take their slot one after another
         self._starting: asyncio.Future | None = None
 
     @property
@@ -116,11 +116,12 @@ class DSMEngine(Engine):
         self.tts, self.loop = tts, loop
         log.info("dsm engine ready: %s on %s, n_q=%d, %d slots", self.checkpoint, device, tts.n_q, self.max_batch)
 
-    def use_phrase_cache(self, cache) -> None:
+    def use_phrase_cache(self, cache) -> bool:
         """Answer whole short turns from ``cache`` (a
         :class:`~myna.engines.phrase_cache.PhraseCache`) and store them; a seeded engine only
         with ``cache_seeded``. None stops."""
         self.phrase_cache = cache
+        return True
 
     def _cache(self):
         """The phrase cache and this engine's key in it, or ``(None, "")`` when bypassed."""
@@ -162,12 +163,7 @@ class DSMStream(SynthesisStream):
         self._words: list[str] = []  # words pushed before the slot opened
         self._ended = False
         self._recorded: tuple[list, list] | None = None  # (pcm pieces, word starts ms) to cache
-        group = group if group is not None else self
-        previous = engine._group_tails.get(group)
-        self._done = self._loop.create_future()  # resolved when this turn releases its slot
-        engine._group_tails[group] = self._done
-        self._done.add_done_callback(lambda _: engine._group_tails.get(group) is self._done
-                                     and engine._group_tails.pop(group))
+        previous, self._done = engine.order.join(group)  # done: this turn has released its slot
         self._opener = self._loop.create_task(self._open_after(previous))
 
     async def _open_after(self, previous: asyncio.Future | None) -> None:

@@ -40,8 +40,9 @@ from typing import Any
 
 import numpy as np
 
-from myna.engines.base import (AudioChunk, Engine, EngineError, ErrorEvent, FallbackEvent, StreamItem, SynthesisStream,
-                               WordEvent)
+from myna.audio.resample import TurnResampler
+from myna.engines.base import (AudioChunk, Engine, EngineError, EngineWrapper, ErrorEvent, FallbackEvent, StreamItem,
+                               SynthesisStream, TurnOrder, WordEvent)
 from myna.text import Pause
 
 log = logging.getLogger(__name__)
@@ -121,11 +122,14 @@ class CircuitBreaker:
         self._probing = False
 
 
-class FallbackEngine(Engine):
+class FallbackEngine(EngineWrapper):
     """``primary`` with ``fallback`` behind it (see the module docstring).
 
+    Everything but the streams is the primary's (name, voices, rate, chunk kind, phrase cache);
+    the breaker state is this engine's own.
+
     Args:
-        primary: the engine sessions ask for (its name, voices, rate and chunk kind are used).
+        primary: the engine sessions ask for.
         fallback: a loaded engine that finishes the turns the primary cannot.
         after_ms: deadline of a turn's first audio from the primary (ms).
         stall_ms: longest silence mid-turn, past the audio already sent, before the switch (ms).
@@ -139,29 +143,25 @@ class FallbackEngine(Engine):
                  call_later: Callable[[float, Callable[[], None]], Any] | None = None):
         if primary is fallback:
             raise ValueError(f"{primary.name} cannot fall back to itself")
+        super().__init__(primary)
         self.primary, self.fallback = primary, fallback
-        self.name = primary.name
-        self.chunks_end_at_words = primary.chunks_end_at_words
-        self.scripts = primary.scripts
         self.after_s, self.stall_s = after_ms / 1000.0, stall_ms / 1000.0
         self.breaker = breaker or CircuitBreaker()
         self.clock, self.call_later = clock, call_later
-        self._group_tails: dict[object, asyncio.Future] = {}  # each group's last turn
-
-    @property
-    def sample_rate(self) -> int:  # the primary's, known once it has loaded (DSM)
-        return self.primary.sample_rate
-
-    @property
-    def voices(self) -> list[str]:
-        return self.primary.voices
+        self.order = TurnOrder()
 
     async def start(self) -> None:
         await self.primary.start()
         await self.fallback.start()
 
-    async def close(self) -> None:
-        await self.primary.close()  # the fallback is a loaded engine of its own: closed as such
+    # close(): the primary's; the fallback is a loaded engine of its own, closed as such.
+
+    @property
+    def warms_through(self) -> Engine:
+        return self.primary  # warm-up turns are no test of the primary: they must not count for its breaker
+
+    def breaker_state(self) -> str:
+        return self.breaker.state
 
     def stream(self, voice: str | None = None, group: object = None) -> "FallbackStream":
         if voice not in (None, *self.voices):
@@ -196,13 +196,9 @@ class FallbackStream(SynthesisStream):
         self._switched = False
         self._active: SynthesisStream | None = None  # None: switched, the fallback not open yet
         self._opened = asyncio.Event()  # the fallback's stream was opened
-        self._done = self._loop.create_future()  # this turn is finished (the next one's late clock starts)
-        previous = engine._group_tails.get(group) if group is not None else None
+        # This turn's end (the next one's late clock starts then), after the group's previous turn.
+        previous, self._done = engine.order.join(group)
         self._ready_at: float | None = None  # the group's previous turn finished
-        if group is not None:
-            engine._group_tails[group] = self._done
-            self._done.add_done_callback(lambda _: engine._group_tails.get(group) is self._done
-                                         and engine._group_tails.pop(group))
         if previous is None or previous.done():
             self._ready_at = self._now()
         else:
@@ -353,15 +349,13 @@ class FallbackStream(SynthesisStream):
         return self._engine.sample_rate
 
     def _resample(self, chunk: AudioChunk) -> np.ndarray:
-        import soxr
-
         if self._resampler is None:
-            self._resampler = soxr.ResampleStream(chunk.sample_rate, self.sample_rate, 1, dtype="float32")
-        return self._resampler.resample_chunk(np.asarray(chunk.pcm, np.float32))
+            self._resampler = TurnResampler(self.sample_rate)
+        return self._resampler.resample(np.asarray(chunk.pcm, np.float32), chunk.sample_rate)
 
     def _flush_resampler(self) -> None:
         if self._resampler is not None:
-            tail = self._resampler.resample_chunk(np.zeros(0, np.float32), last=True)
+            tail = self._resampler.flush()
             if len(tail):
                 self._out_ms += 1000.0 * len(tail) / self.sample_rate
                 self._emit(AudioChunk(tail, self.sample_rate))

@@ -36,7 +36,7 @@ goes out after four words: "I can help you" + "with that today."; sent whole, a 
 unit). A turn whose text arrives slowly enough to be cut elsewhere (the first phrase's wait,
 :data:`myna.engines.piper.FIRST_PHRASE_WAIT_S`) gets other units, and misses.
 
-Engines that take part offer ``use_phrase_cache(cache)``: Piper caches each job (a unit or a
+Engines that take part say so from ``use_phrase_cache(cache)``: Piper caches each job (a unit or a
 piece of one); the DSM engine, which has no unit boundary, caches whole short turns whose text
 was complete before they started, and a seeded DSM engine bypasses the cache unless asked
 (:mod:`myna.engines.dsm`).
@@ -183,7 +183,8 @@ def read_phrases(path: str | Path | None = None) -> list[str]:
 
 
 async def warm_up(engines, cache: PhraseCache, phrases: list[str]) -> int:
-    """Attach ``cache`` to every engine that takes part and speak each phrase through it.
+    """Attach ``cache`` to every engine that takes part and speak each phrase through it (through
+    what it wraps, where it says so: :attr:`~myna.engines.base.Engine.warms_through`).
 
     Each phrase is two turns of the engine's own stream: its words pushed one by one (with their
     leading space, as LLM tokens come), then the text whole; so what is stored is what such
@@ -199,17 +200,16 @@ async def warm_up(engines, cache: PhraseCache, phrases: list[str]) -> int:
     Raises:
         EngineError: an engine failed to synthesise a phrase.
     """
-    users = [e for e in engines if hasattr(e, "use_phrase_cache")]
+    engines = list(engines)
+    users = [e for e in engines if e.use_phrase_cache(cache)]
     for engine in engines:
         if engine not in users:
             log.info("phrase cache: %s does not use it", engine.name)
-    for engine in users:
-        engine.use_phrase_cache(cache)
     t0 = time.monotonic()
     for engine in users:
         for i, phrase in enumerate(phrases, start=1):
             for chunks in (re.findall(r"\s*\S+", phrase), [phrase]):
-                stream = engine.stream()
+                stream = engine.warms_through.stream()
                 for chunk in chunks:
                     stream.push_text(chunk)
                 stream.end_input()

@@ -48,8 +48,8 @@ from pathlib import Path
 
 import numpy as np
 
-from myna.engines.base import (AudioChunk, Engine, EngineError, ErrorEvent, StreamItem, SynthesisStream, WordEvent,
-                               spoken_word)
+from myna.engines.base import (AudioChunk, Engine, EngineError, EngineWrapper, ErrorEvent, StreamItem, SynthesisStream,
+                               TurnOrder, WordEvent, spoken_word)
 from myna.engines.scheduler import HORIZON_S, MAX_JOB_S, ComputeCost, DeadlineScheduler
 from myna.text import ClauseChunker, Pause, SentenceChunker, WholeChunker
 from myna.text.normalise import ends_clause
@@ -126,7 +126,7 @@ class PiperEngine(Engine):
         with open(self.config_path, encoding="utf-8") as f:
             self.sample_rate = int(json.load(f)["audio"]["sample_rate"])
         self.scheduler = DeadlineScheduler(workers or default_workers(), "piper", horizon_s=horizon_s)
-        self._group_tails: dict[object, asyncio.Future] = {}  # each group's last turn (turns go in order)
+        self.order = TurnOrder()  # a group's turns are synthesised one after another, as they will play
         self.cost = ComputeCost()
         self.max_job_s = max_job_s
         self._voice = None
@@ -208,10 +208,11 @@ class PiperEngine(Engine):
         strategy = strategy or self.strategy
         return PiperStream(self, group, STRATEGIES[strategy][0](), release_at_end=strategy == "whole")
 
-    def use_phrase_cache(self, cache) -> None:
+    def use_phrase_cache(self, cache) -> bool:
         """Answer jobs from ``cache`` (a :class:`~myna.engines.phrase_cache.PhraseCache`) when
         it holds their text, and store what is synthesised; None stops. Shared by the variants."""
         self.phrase_cache = cache
+        return True
 
     async def synthesize(self, text: str, deadline: float | None = None, owner: object = None) -> tuple[np.ndarray, list[float]]:
         """:meth:`synthesize_clause` on the engine's threads, in deadline order; from the
@@ -281,35 +282,22 @@ class PiperEngine(Engine):
             self._stats["units"] += 1
 
 
-class PiperVariant(Engine):
+class PiperVariant(EngineWrapper):
     """``piper-sentence``, ``piper-whole``...: another streaming strategy on a shared
-    :class:`PiperEngine` (same voice, same threads, same deadline-ordered scheduler)."""
-
-    chunks_end_at_words = True
+    :class:`PiperEngine` (same voice, same threads, same deadline-ordered scheduler); only its
+    name and its streams are its own."""
 
     def __init__(self, base: PiperEngine, name: str, strategy: str):
-        self.base, self.name, self.strategy = base, name, strategy
-        self.sample_rate = base.sample_rate
+        super().__init__(base)
+        self.base, self._name, self.strategy = base, name, strategy
 
     @property
-    def voices(self) -> list[str]:
-        return self.base.voices
+    def name(self) -> str:
+        return self._name
 
     @property
     def description(self) -> str:
         return STRATEGIES[self.strategy][1]
-
-    async def start(self) -> None:
-        await self.base.start()
-
-    async def close(self) -> None:
-        await self.base.close()
-
-    def compute_stats(self) -> dict:
-        return self.base.compute_stats()
-
-    def use_phrase_cache(self, cache) -> None:
-        self.base.use_phrase_cache(cache)
 
     def stream(self, voice: str | None = None, group: object = None) -> "PiperStream":
         return self.base.stream(voice, group, strategy=self.strategy)
@@ -413,13 +401,7 @@ class PiperStream(SynthesisStream):
         self._waiting_since: float | None = None  # the first job's deadline (monotonic s)
         self._first_out_at: float | None = None  # when the turn's first audio was emitted (monotonic s)
         self._out_s = 0.0  # audio emitted so far (s)
-        # The group's turns are synthesised one after another, as they will play.
-        self._after = engine._group_tails.get(group) if group is not None else None
-        self._done = self._loop.create_future()
-        if group is not None:
-            engine._group_tails[group] = self._done
-            self._done.add_done_callback(lambda _: engine._group_tails.get(group) is self._done
-                                         and engine._group_tails.pop(group))
+        self._after, self._done = engine.order.join(group)  # the group's previous turn first
         self._task = self._loop.create_task(self._run())
 
     def _on_words(self, words: list[str]) -> None:

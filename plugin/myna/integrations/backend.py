@@ -7,11 +7,19 @@ writes it (:meth:`Turn.push_text`, :meth:`Turn.end_input`), and yields :class:`A
 they exist; :meth:`Turn.cancel` drops it at once (barge-in). A turn with nothing speakable in
 it (``"👍"``, ``"..."``) ends with no items and no error.
 
-- :class:`LocalBackend` runs an :class:`~myna.engines.Engine` in this process (by default the
-  embedded Piper voice) and resamples its output (:class:`~myna.audio.resample.TurnResampler`).
+Both backends are doors to the same core: a turn is a turn of a :class:`~myna.session.Session`,
+and its items are made from the session's contract events by one class (:class:`_EventTurn`),
+whether the events come as objects or as JSON.
+
+- :class:`LocalBackend` runs the session in this process, on an engine of its own (the
+  embedded Piper voice by default, built as ``myna serve`` builds it:
+  :func:`myna.engines.build.build_engines`) or one the caller started; its output is an
+  :class:`~myna.audio.unpaced.UnpacedOutput` at the backend's rate.
 - :class:`RemoteBackend` talks to ``GET /v1/tts/stream`` on a running worker (DESIGN.md §3).
-  A connection carries one turn at a time; idle connections are pooled, so a new turn
-  usually starts on a warm socket (no handshake inside time to first byte).
+
+Either way a session carries one turn at a time (a WebSocket connection, remotely); idle ones
+are pooled, so a new turn usually starts on a warm session (remotely: no handshake inside time
+to first byte).
 
 Nothing here imports a framework.
 """
@@ -27,13 +35,19 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import aiohttp
-import numpy as np
 
 from myna.access import AccessRefused, Credentials
-from myna.audio.resample import TurnResampler
-from myna.engines import AudioChunk, Engine, ErrorEvent
+from myna.audio.unpaced import UnpacedOutput
+from myna.engines import Engine
 from myna.engines.base import NON_FATAL_CODES
+from myna.engines.build import EngineOptions, Engines, build_engines
 from myna.errors import MynaError
+from myna.events import Error, Event, Fallback, FirstAudio, TurnDone, decode_event
+from myna.events import Word as WordEvent
+from myna.limits import Limits
+from myna.messages import EndTurn, Text
+from myna.session import Session
+from myna.sessions import Sessions
 from myna.text.scripts import LATIN
 
 log = logging.getLogger(__name__)
@@ -128,6 +142,9 @@ def create_backend(
         sample_rate: output rate in Hz (None: the engine's native rate in-process, 24000 remote).
         credentials: the access token for a worker with keys (remote only; None: from the
             environment, see :class:`myna.access.Credentials`).
+
+    Raises:
+        ValueError: both ``engine`` and ``url``.
     """
     if url is not None:
         if engine is not None:
@@ -137,75 +154,181 @@ def create_backend(
     return LocalBackend(engine, voice=voice, sample_rate=sample_rate)
 
 
-def _to_s16(x: np.ndarray) -> bytes:
-    return (np.clip(x, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+class _EventTurn(Turn):
+    """A turn fed by its session's contract events and PCM: the one place both backends turn
+    them into items (:class:`Audio`, :class:`Word`, :class:`Notice`; a failure is raised)."""
+
+    def __init__(self) -> None:
+        self.turn_id = uuid.uuid4().hex
+        self._items: asyncio.Queue[TurnItem | MynaError | None] = asyncio.Queue()
+        self._sent_any = False  # the session has heard of this turn
+        self._cancelled = False
+        self._done = False
+        self.server_ttfa_ms: float | None = None
+
+    def _audio(self, pcm: bytes) -> None:
+        if not self._cancelled and not self._done:
+            self._items.put_nowait(Audio(pcm))
+
+    def _event(self, event: Event) -> None:
+        if getattr(event, "turn_id", None) not in (None, self.turn_id):
+            return  # a late event of an earlier turn of the session
+        live = not self._cancelled and not self._done
+        if isinstance(event, WordEvent):
+            if live:
+                self._items.put_nowait(Word(event.word, event.start_ms / 1000.0))
+        elif isinstance(event, FirstAudio):
+            self.server_ttfa_ms = event.server_ttfa_ms
+        elif isinstance(event, TurnDone):
+            self._done = True
+            self._items.put_nowait(None)
+            self._finished()
+        elif isinstance(event, Error):
+            if live or (not self._cancelled and event.code not in NON_FATAL_CODES):
+                self._items.put_nowait(Notice(event.code, event.message) if event.code in NON_FATAL_CODES
+                                       else MynaError(event.code, event.message))
+        elif isinstance(event, Fallback):
+            log.info("turn %s moved from %s to %s (%s) at word %d", self.turn_id, event.from_engine,
+                     event.to_engine, event.reason, event.at_word)
+
+    def _fail(self, error: MynaError) -> None:
+        self._done = True
+        if not self._cancelled:
+            self._items.put_nowait(error)
+
+    async def cancel(self) -> None:
+        if self._cancelled:
+            return
+        self._cancelled = True
+        self._items.put_nowait(None)
+        if self._done or not self._sent_any:
+            self._done = True
+            self._finished()  # nothing in the session to stop
+            return
+        await self._interrupt()  # the session answers with turn_done (interrupted)
+
+    async def _interrupt(self) -> None:
+        """Barge-in on the turn's session."""
+
+    def _finished(self) -> None:
+        """The turn is over: its session is free for the next turn."""
+
+    async def __aiter__(self) -> AsyncIterator[TurnItem]:
+        while True:
+            item = await self._items.get()
+            if item is None or self._cancelled:
+                return
+            if isinstance(item, MynaError):
+                raise item
+            yield item
 
 
 # -- in-process ----------------------------------------------------------------------------
 class LocalBackend(Backend):
-    """An engine in this process.
+    """Sessions in this process.
 
     Args:
-        engine: a started engine; None loads the embedded Piper voice at :meth:`start`.
+        engine: a started engine (the caller's); None builds one from ``options``, started by
+            :meth:`start` and closed by :meth:`aclose`.
+        options: what to build without ``engine`` (default: the embedded Piper voice, no phrase cache).
         voice: voice name (None: the engine's default).
         sample_rate: output rate in Hz (None: the engine's native rate).
+        sessions: where the sessions are opened (default: ``myna serve``'s turn limits; no
+            message rate, the text comes from this process).
     """
 
-    def __init__(self, engine: Engine | None = None, *, voice: str | None = None, sample_rate: int | None = None):
-        self._owned = engine is None
+    def __init__(self, engine: Engine | None = None, *, options: EngineOptions | None = None, voice: str | None = None,
+                 sample_rate: int | None = None, sessions: Sessions | None = None):
+        self._engines: Engines | None = None
         if engine is None:
-            from myna.engines.piper import PiperEngine
-
-            engine = PiperEngine()
+            self._engines = build_engines(options or EngineOptions(engines="piper"))
+            engine = self._engines[self._engines.default]
+            voice = voice or self._engines.voice_for(engine.name)
         self.engine = engine
         self.voice = voice
         self.sample_rate = sample_rate or engine.sample_rate
         self.scripts = engine.scripts
+        self.sessions = sessions or Sessions(limits=Limits(message_rate=None))
+        self._idle: list[_LocalSession] = []
+        self._all: set[_LocalSession] = set()
 
     async def start(self) -> None:
-        if self._owned:
-            await self.engine.start()
+        if self._engines is not None:
+            await self._engines.start()
+            await self._engines.warm_up()
 
     async def open_turn(self) -> Turn:
-        stream = self.engine.stream(self.voice, group=self)  # this plug-in's turns share one fair-share group
-        return _LocalTurn(stream, self.sample_rate)
+        local = self._idle.pop() if self._idle else _LocalSession(self)
+        self._all.add(local)
+        return local.begin()
+
+    def _release(self, local: "_LocalSession") -> None:
+        if local not in self._idle:
+            self._idle.append(local)
 
     async def aclose(self) -> None:
-        if self._owned:
-            await self.engine.close()
+        for local in list(self._all):
+            await local.session.close()
+        self._all.clear()
+        self._idle.clear()
+        if self._engines is not None:
+            await self._engines.close()
 
 
-class _LocalTurn(Turn):
-    def __init__(self, stream, out_rate: int):
-        self.turn_id = uuid.uuid4().hex
-        self._stream = stream
-        self._resampler = TurnResampler(out_rate)
+class _LocalSession:
+    """One session of a :class:`LocalBackend`, carrying at most one turn at a time; the
+    :class:`~myna.audio.unpaced.AudioSink` of its output."""
+
+    def __init__(self, backend: LocalBackend):
+        self._backend = backend
+        self.turn: _LocalTurn | None = None
+        self.session: Session = backend.sessions.open(
+            backend.engine, lambda s: UnpacedOutput.for_session(s, self, backend.sample_rate), self._send,
+            voice=backend.voice)
+
+    def begin(self) -> "_LocalTurn":
+        self.turn = _LocalTurn(self)
+        return self.turn
+
+    def _send(self, event: Event) -> None:
+        if self.turn is not None:
+            self.turn._event(event)
+
+    def put_audio(self, turn_id: str, pcm: bytes) -> None:
+        if self.turn is not None and self.turn.turn_id == turn_id:
+            self.turn._audio(pcm)
+
+    def drop_audio(self) -> None:
+        """(Nothing is held here: audio goes to its turn at once, which drops it once cancelled.)"""
+
+    def finish(self, turn: "_LocalTurn") -> None:
+        if self.turn is turn:
+            self.turn = None
+            self._backend._release(self)
+
+
+class _LocalTurn(_EventTurn):
+    def __init__(self, local: _LocalSession):
+        super().__init__()
+        self._local = local
 
     async def push_text(self, text: str) -> None:
-        self._stream.push_text(text)
+        if self._done or self._cancelled:
+            raise RuntimeError("push_text after end_input/cancel")
+        if text:
+            self._sent_any = True
+            self._local.session.handle(Text(self.turn_id, text))
 
     async def end_input(self) -> None:
-        self._stream.end_input()
+        if not self._cancelled and not self._done:
+            self._sent_any = True
+            self._local.session.handle(EndTurn(self.turn_id))
 
-    async def cancel(self) -> None:
-        self._stream.cancel()
+    async def _interrupt(self) -> None:
+        self._local.session.interrupt()
 
-    async def __aiter__(self) -> AsyncIterator[TurnItem]:
-        """Audio, words and notices; an engine's failure raises its
-        :class:`~myna.engines.EngineError` (a :class:`MynaError`)."""
-        async for item in self._stream:
-            if isinstance(item, AudioChunk):
-                x = self._resampler.resample(item.pcm, item.sample_rate)
-                if len(x):
-                    yield Audio(_to_s16(x))
-            elif isinstance(item, ErrorEvent):
-                yield Notice(item.code, item.message)
-            else:
-                yield Word(item.word, item.start_ms / 1000.0)
-        if not self._stream.cancelled:
-            tail = self._resampler.flush()
-            if len(tail):
-                yield Audio(_to_s16(tail))
+    def _finished(self) -> None:
+        self._local.finish(self)
 
 
 # -- remote --------------------------------------------------------------------------------
@@ -347,11 +470,11 @@ class _Connection:
                 turn = self._turn
                 if msg.type == aiohttp.WSMsgType.BINARY:
                     if turn is not None:
-                        turn._deliver(Audio(msg.data))
+                        turn._audio(msg.data)
                 elif msg.type == aiohttp.WSMsgType.TEXT:
-                    event = json.loads(msg.data)
-                    if turn is not None:
-                        turn._on_event(event)
+                    event = decode_event(json.loads(msg.data))
+                    if turn is not None and event is not None:
+                        turn._event(event)
                 else:
                     break
         finally:
@@ -365,16 +488,11 @@ class _Connection:
             await asyncio.gather(self._reader, return_exceptions=True)
 
 
-class _RemoteTurn(Turn):
+class _RemoteTurn(_EventTurn):
     def __init__(self, conn: _Connection):
-        self.turn_id = uuid.uuid4().hex
+        super().__init__()
         self._conn = conn
-        self._items: asyncio.Queue[TurnItem | MynaError | None] = asyncio.Queue()
-        self._sent_any = False
         self._ended = False
-        self._cancelled = False
-        self._done = False
-        self.server_ttfa_ms: float | None = None
 
     async def push_text(self, text: str) -> None:
         if self._ended or self._cancelled:
@@ -390,55 +508,11 @@ class _RemoteTurn(Turn):
         self._sent_any = True
         await self._conn.send({"type": "end_turn", "turn_id": self.turn_id})
 
-    async def cancel(self) -> None:
-        if self._cancelled:
-            return
-        self._cancelled = True
-        self._items.put_nowait(None)
-        if self._done or not self._sent_any:
-            self._done = True
-            self._conn.finish(self)  # nothing on the worker to stop
-            return
+    async def _interrupt(self) -> None:
         try:
-            await self._conn.send({"type": "interrupt"})  # the worker answers with turn_done
+            await self._conn.send({"type": "interrupt"})
         except MynaError:
             pass
 
-    def _deliver(self, item: TurnItem) -> None:
-        if not self._cancelled and not self._done:
-            self._items.put_nowait(item)
-
-    def _fail(self, error: MynaError) -> None:
-        self._done = True
-        if not self._cancelled:
-            self._items.put_nowait(error)
-
-    def _on_event(self, event: dict) -> None:
-        kind = event.get("type")
-        if event.get("turn_id") not in (None, self.turn_id):
-            return  # a late event of an earlier turn on this connection
-        if kind == "word":
-            self._deliver(Word(event["word"], event["start_ms"] / 1000.0))
-        elif kind == "first_audio":
-            self.server_ttfa_ms = event.get("server_ttfa_ms")
-        elif kind == "turn_done":
-            self._done = True
-            self._items.put_nowait(None)
-            self._conn.finish(self)
-        elif kind == "error" and event.get("code") in NON_FATAL_CODES:
-            self._deliver(Notice(event["code"], event.get("message", "")))
-        elif kind == "error":
-            self._deliver_error(MynaError(event.get("code", "error"), event.get("message", "")))
-
-    def _deliver_error(self, error: MynaError) -> None:
-        if not self._cancelled:
-            self._items.put_nowait(error)
-
-    async def __aiter__(self) -> AsyncIterator[TurnItem]:
-        while True:
-            item = await self._items.get()
-            if item is None or self._cancelled:
-                return
-            if isinstance(item, MynaError):
-                raise item
-            yield item
+    def _finished(self) -> None:
+        self._conn.finish(self)

@@ -50,7 +50,7 @@ from livekit.agents.utils import shortuuid
 
 from myna.access import ACCESS_STATUS, Credentials
 from myna.engines import Engine
-from myna.integrations.backend import Audio, Backend, LocalBackend, MynaError, Notice, RemoteBackend, Turn
+from myna.integrations.backend import Audio, MynaError, Notice, Turn, create_backend
 
 __all__ = ["TTS", "SynthesizeStream"]
 
@@ -87,17 +87,10 @@ class TTS(tts.TTS):
         api_key: str | None = None,
         api_secret: str | None = None,
     ) -> None:
-        if engine is not None and url is not None:
-            raise ValueError("pass either engine (in-process) or url (remote), not both")
-        backend: Backend
-        if url is not None:
-            credentials = Credentials(token, api_key=api_key, api_secret=api_secret)
-            backend = RemoteBackend(url, engine_name=engine_name, voice=voice, sample_rate=sample_rate or 24_000,
-                                    credentials=credentials)
-            self._model = engine_name or "default"
-        else:
-            backend = LocalBackend(engine, voice=voice, sample_rate=sample_rate)
-            self._model = backend.engine.name
+        credentials = Credentials(token, api_key=api_key, api_secret=api_secret) if url is not None else None
+        backend = create_backend(engine=engine, url=url, engine_name=engine_name, voice=voice, sample_rate=sample_rate,
+                                 credentials=credentials)
+        self._model = (engine_name or "default") if url is not None else backend.engine.name
         super().__init__(
             capabilities=tts.TTSCapabilities(streaming=True, aligned_transcript=True),
             sample_rate=backend.sample_rate,

@@ -1,7 +1,7 @@
 """Myna as a participant of LiveKit rooms: another transport for the same sessions.
 
 - :mod:`myna.room.agent`: one room (text streams, data packets, RPC in; events, captions and
-  one audio track out), on top of :class:`myna.rtc.session.Session`.
+  one audio track out), a door to the one :class:`myna.session.Session` core.
 - :mod:`myna.room.routing`: many participants' turns through the room's one session.
 - :mod:`myna.room.audio`: the session's playout feeding the SDK's audio source.
 - :mod:`myna.room.worker`: ``myna worker``, livekit-agents' dispatch with our own job entry point.

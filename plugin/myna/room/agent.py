@@ -2,8 +2,9 @@
 
 Follow one turn. A participant opens a text stream on topic ``myna.text``
 (:meth:`RoomAgent._on_text_stream`); each chunk goes through the :class:`~myna.room.routing.Router`
-into the room's one :class:`~myna.rtc.session.Session` (the same turn logic as the WebRTC and
-WebSocket transports), whose :class:`~myna.room.audio.SourceOutput` plays it on Myna's track.
+into the room's one :class:`~myna.session.Session` (the same session, limits and drain as every
+other door, opened from the process's :class:`~myna.sessions.Sessions`), whose
+:class:`~myna.room.audio.SourceOutput` plays it on Myna's track.
 The session's events come back through the router to :meth:`RoomAgent._deliver`: a data packet
 on ``myna.events`` to the turn's sender, and for ``word`` / ``turn_done`` a line of the
 standard ``lk.transcription`` stream (:class:`Captions`). Sends leave in order through one task
@@ -30,12 +31,13 @@ from collections.abc import Awaitable, Callable
 
 from livekit import rtc
 
+from myna.audio.playout import SAMPLE_RATE
 from myna.engines import Engine
-from myna.events import Error
-from myna.metrics import Metrics
+from myna.events import Error, Event, TurnDone, Word, encode_event
 from myna.room.audio import SourceOutput, new_source
 from myna.room.routing import Router
-from myna.rtc.session import Session
+from myna.session import EventSink, Session
+from myna.sessions import Sessions
 
 log = logging.getLogger(__name__)
 
@@ -127,20 +129,20 @@ class RoomAgent:
     Args:
         room: the room, not yet connected (see the module docstring for the order of calls).
         engine: the engine turns are spoken with.
+        sessions: the process's sessions (limits, metrics, drain).
         engines: engine names for the ``ready`` event.
-        metrics: the process's metrics.
         voice: voice name for the engine (None: its default).
         speak_for: identities allowed to speak through Myna (None: every participant).
         leave_when_empty: end once no participant other than agents is left.
         attributes: extra participant attributes to publish beside ``myna.ready``.
     """
 
-    def __init__(self, room: rtc.Room, engine: Engine, metrics: Metrics, engines: list[str] | None = None,
+    def __init__(self, room: rtc.Room, engine: Engine, sessions: Sessions, engines: list[str] | None = None,
                  voice: str | None = None, speak_for: frozenset[str] | None = None,
                  leave_when_empty: bool = False, attributes: dict[str, str] | None = None):
         self.room = room
         self.engine = engine
-        self.metrics = metrics
+        self.sessions = sessions
         self.engines = engines or [engine.name]
         self.voice = voice
         self.speak_for = speak_for
@@ -165,11 +167,10 @@ class RoomAgent:
         self._source = new_source()
         self._outbox = Outbox()
 
-        def session(send: Callable[[dict], None]) -> Session:
-            return Session(engine=self.engine, send=send, metrics=self.metrics, voice=self.voice,
-                           output=lambda sink: self._new_output(sink, self._source))
+        def session(send: EventSink) -> Session:
+            return self.sessions.open(self.engine, self._new_output, send, voice=self.voice)
 
-        self.router = Router(session, self._deliver, self.speak_for)
+        self.router = Router(session, self._deliver, self.speak_for, message_rate=self.sessions.message_rate)
         self.room.register_text_stream_handler(TOPIC_TEXT, self._on_text_stream)
         self.room.on("data_received", self._on_data)
         self.room.on("participant_active", self._on_participant_active)
@@ -191,8 +192,8 @@ class RoomAgent:
         log.info("joined room %r as %r (speaking for %s)", self.room.name, local.identity,
                  ", ".join(sorted(self.speak_for)) if self.speak_for else "everyone")
 
-    def _new_output(self, sink: Callable[[dict], None], source: rtc.AudioSource) -> SourceOutput:
-        self.output = SourceOutput(sink, source, chunks_end_at_words=self.engine.chunks_end_at_words)
+    def _new_output(self, session: Session) -> SourceOutput:
+        self.output = SourceOutput.for_session(session, self._source)
         return self.output
 
     async def run(self) -> None:
@@ -244,7 +245,7 @@ class RoomAgent:
         turn_id = reader.info.stream_id
         allowed = self.router.allowed(identity)
         if not allowed:
-            self.router.message(identity, {"type": "end_turn", "turn_id": turn_id})  # → not_allowed
+            self.router.end_turn(identity, turn_id)  # → not_allowed
         try:
             async for chunk in reader:  # (a refused stream is read and dropped: bounded memory)
                 if allowed:
@@ -252,7 +253,7 @@ class RoomAgent:
         except rtc.StreamError as exc:  # aborted by the sender, or the sender left
             log.info("text stream %s from %r ended early: %s", turn_id, identity, exc)
         if allowed:
-            self.router.message(identity, {"type": "end_turn", "turn_id": turn_id})
+            self.router.end_turn(identity, turn_id)
 
     def _on_data(self, packet: rtc.DataPacket) -> None:
         if self._closed:
@@ -266,7 +267,7 @@ class RoomAgent:
             self.router.packet(identity, packet.data)
         elif packet.topic.startswith(TOPIC_MESSAGES) and packet.topic != TOPIC_EVENTS:
             self._deliver(identity, Error(code="unknown_topic", message=
-                                          f"Myna reads data packets on topic {TOPIC_MESSAGES!r}, not {packet.topic!r}").to_dict())
+                                          f"Myna reads data packets on topic {TOPIC_MESSAGES!r}, not {packet.topic!r}"))
         else:
             log.debug("ignored a data packet on topic %r from %r", packet.topic, identity)
 
@@ -300,26 +301,33 @@ class RoomAgent:
         return [p for p in self.room.remote_participants.values() if p.kind != rtc.ParticipantKind.PARTICIPANT_KIND_AGENT]
 
     # -- out ----------------------------------------------------------------------------------
+    def _ready(self) -> Event:
+        return self.router.session.ready_event(self.engines, SAMPLE_RATE)
+
     def _send_ready(self, identity: str) -> None:
         if identity not in self._greeted:
-            self._deliver(identity, self.router.session.ready_event(self.engines))
+            self._deliver(identity, self._ready())
 
-    def _deliver(self, identity: str, event: dict) -> None:
+    def _deliver(self, identity: str, event: Event) -> None:
         """One event to ``identity`` on ``myna.events`` (``ready`` first, once); words and
         turn ends also go to captions."""
         if self._outbox is None or self._closed:
             return
         if identity not in self._greeted:
             self._greeted.add(identity)
-            if event["type"] != "ready":
-                self._deliver(identity, self.router.session.ready_event(self.engines))
-        payload = json.dumps(event)
+            if event.type != "ready":
+                self._deliver(identity, self._ready())
+        payload = encode_event(event)
+        if payload is None:  # a word or turn_id that large is refused on input
+            log.error("room: a %s event does not fit in a message; dropped", event.type)
+            return
         self._outbox.put(lambda: self.room.local_participant.publish_data(
             payload, reliable=True, destination_identities=[identity], topic=TOPIC_EVENTS))
-        key = f"{identity}\n{event.get('turn_id')}"
         if self._captions is None:  # (before start: nothing has been heard yet)
             return
-        if event["type"] == "word":
-            self._outbox.put(lambda: self._captions.word(key, event["turn_id"], event["word"]))
-        elif event["type"] == "turn_done":
-            self._outbox.put(lambda: self._captions.final(key, event["turn_id"]))
+        if isinstance(event, Word):
+            key = f"{identity}\n{event.turn_id}"
+            self._outbox.put(lambda: self._captions.word(key, event.turn_id, event.word))
+        elif isinstance(event, TurnDone):
+            key = f"{identity}\n{event.turn_id}"
+            self._outbox.put(lambda: self._captions.final(key, event.turn_id))

@@ -6,7 +6,7 @@ task takes 10 ms from the source's buffer and sends silence when the buffer is e
 otherwise, so awaiting it paces the producer on the sender's own clock. (Measured behaviour and
 traps: ``../shared/research/livekit.md`` §2.3.)
 
-:class:`SourceOutput` is the session's :class:`~myna.rtc.session.TurnOutput`: the same
+:class:`SourceOutput` is the session's :class:`~myna.session.TurnOutput`: the same
 :class:`~myna.audio.playout.Playout` as the WebRTC path (pre-roll, underruns, barge-in fade,
 events when a frame is handed out), drained by one task (:meth:`SourceOutput._pace`):
 
@@ -31,16 +31,15 @@ import logging
 import time
 from collections.abc import Callable
 
-import numpy as np
 from livekit import rtc
 
-from myna.audio.playout import FADE_SAMPLES, FRAME_SAMPLES, IDLE_FRAME, SAMPLE_RATE, Playout
+from myna.audio.playout import FADE_SAMPLES, FRAME_SAMPLES, FRAME_SECONDS, IDLE_FRAME, MAX_HOLD_S, SAMPLE_RATE, Playout
+from myna.events import Event
 
 log = logging.getLogger(__name__)
 
 #: The source's queue (ms; must be a multiple of 10, or the SDK aborts the process).
 QUEUE_MS = 20
-FRAME_S = FRAME_SAMPLES / SAMPLE_RATE
 
 
 def new_source() -> rtc.AudioSource:
@@ -48,22 +47,23 @@ def new_source() -> rtc.AudioSource:
     return rtc.AudioSource(SAMPLE_RATE, 1, queue_size_ms=QUEUE_MS)
 
 
-class SourceOutput:
-    """A :class:`~myna.rtc.session.TurnOutput` whose frames go to an ``rtc.AudioSource``.
+class SourceOutput(Playout):
+    """A :class:`~myna.audio.playout.Playout` whose frames go to an ``rtc.AudioSource``.
 
     Args:
-        on_event: the session's event sink (``first_audio``, ``word``, ``turn_done``).
+        on_event: the session's event sink.
         source: 48 kHz mono source of the published track (see :func:`new_source`).
         clock: monotonic clock in seconds.
         chunks_end_at_words: the engine's chunks end at word boundaries (see
             :class:`~myna.audio.playout.Playout`): a late chunk is a gap, not an underrun.
+        max_hold_s: the start rule's budget (s).
     """
 
-    def __init__(self, on_event: Callable[[dict], None], source: rtc.AudioSource,
-                 clock: Callable[[], float] = time.monotonic, chunks_end_at_words: bool = False):
-        self.playout = Playout(on_event, clock=clock, chunks_end_at_words=chunks_end_at_words)
+    def __init__(self, on_event: Callable[[Event], None], source: rtc.AudioSource,
+                 clock: Callable[[], float] = time.monotonic, chunks_end_at_words: bool = False,
+                 max_hold_s: float = MAX_HOLD_S):
+        super().__init__(on_event, clock=clock, chunks_end_at_words=chunks_end_at_words, max_hold_s=max_hold_s)
         self.source = source
-        self._clock = clock
         self._wake = asyncio.Event()
         self.frames_sent = 0  # frames handed to the source
         #: For each barge-in: ms of the interrupted turn still to be sent by the source (what
@@ -74,29 +74,23 @@ class SourceOutput:
         self.source_gaps = 0
         self._task = asyncio.get_running_loop().create_task(self._pace(), name="myna-room-pacer")
 
-    # -- TurnOutput -------------------------------------------------------------------------
+    @classmethod
+    def for_session(cls, session, source: rtc.AudioSource) -> "SourceOutput":
+        """The output of a :class:`~myna.session.Session` whose frames go to ``source``."""
+        return cls(session.on_output_event, source, clock=session.clock,
+                   chunks_end_at_words=session.engine.chunks_end_at_words, max_hold_s=session.max_hold_s)
+
+    # -- Playout, and the pacer's wake-ups --------------------------------------------------
     def begin_turn(self, turn_id: str, text_at: float) -> None:
-        self.playout.begin_turn(turn_id, text_at)
+        super().begin_turn(turn_id, text_at)
         self._wake.set()
 
-    def push_audio(self, turn_id: str, pcm: np.ndarray, sample_rate: int) -> None:
-        self.playout.push_audio(turn_id, pcm, sample_rate)
-
-    def push_word(self, turn_id: str, word: str, start_ms: float) -> None:
-        self.playout.push_word(turn_id, word, start_ms)
-
-    def end_turn(self, turn_id: str) -> None:
-        self.playout.end_turn(turn_id)
-
-    def interrupt(self) -> list[dict]:
-        dropped = self.playout.interrupt()
-        if dropped and dropped[0]["audio_ms"] > 0:  # the playing turn had been heard: it ends after what is queued
+    def interrupt(self) -> list[Event]:
+        dropped = super().interrupt()
+        if dropped and dropped[0].audio_ms > 0:  # the playing turn had been heard: it ends after what is queued
             self.interrupt_tails_ms.append(round(1000.0 * (self.source.queued_duration + FADE_SAMPLES / SAMPLE_RATE), 1))
         self._wake.set()  # the fade-out tail still goes out
         return dropped
-
-    def audio_runs_out_at(self) -> float:
-        return self.playout.audio_runs_out_at()
 
     # -- the pacer --------------------------------------------------------------------------
     async def _pace(self) -> None:
@@ -104,7 +98,7 @@ class SourceOutput:
         failures = 0  # captures failed in a row
         flowing = False  # the previous frame went to the source and nothing was held back since
         while True:
-            frame = self.playout.next_frame()
+            frame = self.next_frame()
             if frame is IDLE_FRAME:  # nothing queued: sleep until a turn begins
                 flowing = False
                 self._wake.clear()
@@ -115,7 +109,7 @@ class SourceOutput:
                 # Pre-roll (or a starved turn) with nothing buffered: hold the silence back.
                 flowing = False
                 now = self._clock()
-                deadline = now + FRAME_S if deadline is None or deadline < now - FRAME_S else deadline + FRAME_S
+                deadline = now + FRAME_SECONDS if deadline is None or deadline < now - FRAME_SECONDS else deadline + FRAME_SECONDS
                 await asyncio.sleep(max(0.0, deadline - now))
                 continue
             deadline = None
@@ -127,7 +121,7 @@ class SourceOutput:
                 if not failures:
                     log.warning("room audio: a frame could not be captured: %s", exc)
                 failures += 1
-                await asyncio.sleep(FRAME_S)
+                await asyncio.sleep(FRAME_SECONDS)
                 continue
             if failures:
                 log.warning("room audio: %d frame(s) lost", failures)

@@ -13,6 +13,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from myna.engines import Engine, StreamItem, SynthesisStream
+from myna.engines.base import EngineWrapper
 
 _END = object()
 
@@ -97,8 +98,9 @@ class BridgedStream:
                 yield item
 
 
-class BridgedEngine(Engine):
-    """``engine`` (started on loop ``home``) for sessions on any other loop.
+class BridgedEngine(EngineWrapper):
+    """``engine`` (started on loop ``home``) for sessions on any other loop; all but its streams
+    is ``engine``'s.
 
     Args:
         engine: a started engine.
@@ -106,14 +108,9 @@ class BridgedEngine(Engine):
     """
 
     def __init__(self, engine: Engine, home: asyncio.AbstractEventLoop):
+        super().__init__(engine)
         self.engine = engine
         self.home = home
-        self.name = engine.name
-        self.sample_rate = engine.sample_rate
-
-    @property
-    def voices(self) -> list[str]:
-        return self.engine.voices
 
     def stream(self, voice: str | None = None, group: object = None) -> SynthesisStream:
         if asyncio.get_running_loop() is self.home:

@@ -1,7 +1,14 @@
 """``myna room`` (join one room) and ``myna worker`` (serve the rooms LiveKit dispatches).
 
 Both take the server's WebSocket URL; the API key and secret come from ``LIVEKIT_API_KEY`` and
-``LIVEKIT_API_SECRET`` (``myna room`` may take a ready ``--token`` instead).
+``LIVEKIT_API_SECRET`` (``myna room`` may take a ready ``--token`` instead). Both take the same
+engine flags as ``myna serve`` (:func:`myna.engines.build.add_engine_arguments`: DSM, fallback,
+the phrase cache) and its session flags (:func:`myna.sessions.add_session_arguments`: turn
+limits, message rate, start budget, drain).
+
+Drain: on SIGTERM or SIGINT, sessions refuse new turns and the turns speaking finish, up to
+``--drain-timeout``, then Myna leaves (``myna worker`` first tells the server it drains, so new
+dispatches go to other workers). A second signal exits at once.
 
 Exit status: ``myna room`` returns 0 when it is stopped (Ctrl-C, SIGTERM) or the room ends
 (closed, deleted, Myna removed) and 1 when the join is refused (bad or expired token, no
@@ -16,6 +23,11 @@ import asyncio
 import os
 import signal
 import sys
+import time
+
+from myna.engines.build import EngineOptions, add_engine_arguments, build_engines
+from myna.extras import require
+from myna.sessions import Sessions, add_session_arguments, limits_from_args
 
 #: Room endings that are not failures (the room's life ended, or Myna was asked to leave).
 _NORMAL_ENDS = {"CLIENT_INITIATED", "ROOM_DELETED", "ROOM_CLOSED", "PARTICIPANT_REMOVED"}
@@ -47,24 +59,10 @@ def add_parsers(sub) -> None:
 
 
 def _add_common(p) -> None:
-    p.add_argument("--engine", default="piper", help="engine to speak with (default: %(default)s)")
-    p.add_argument("--voice", default=None, help="voice name (default: the engine's)")
     p.add_argument("--speak-for", nargs="+", metavar="IDENTITY",
                    help="only these participants may speak through Myna (default: everyone)")
-
-
-def require_livekit(what: str) -> None:
-    """Exit with one line when the ``livekit`` extra is missing (``what`` needs it).
-
-    Raises:
-        SystemExit: ``livekit`` or ``livekit-agents`` cannot be imported.
-    """
-    try:
-        import livekit.agents  # noqa: F401
-        import livekit.rtc  # noqa: F401
-    except ImportError as exc:
-        raise SystemExit(f"myna: {what} needs the livekit extra ({exc.name} is missing): "
-                         f"bash scripts/setup.sh livekit, or pip install -e '.[livekit]'") from None
+    add_engine_arguments(p)
+    add_session_arguments(p)
 
 
 def _credentials() -> tuple[str, str]:
@@ -74,45 +72,72 @@ def _credentials() -> tuple[str, str]:
     return key, secret
 
 
-async def _start_engine(args: argparse.Namespace):
-    from myna.cli import _engines
+async def _start_engines(args: argparse.Namespace):
+    """The command's engines, started and their phrase cache filled (progress on stdout)."""
+    engines = build_engines(EngineOptions.from_args(args))
+    print(f"myna: loading {', '.join(engines)} ...", flush=True)
+    t0 = time.monotonic()
+    await engines.start()
+    await engines.warm_up()
+    print(f"myna: engines ready in {time.monotonic() - t0:.1f} s", flush=True)
+    return engines
 
-    engine = _engines(args.engine)[args.engine]
-    if args.voice is not None and args.voice not in engine.voices:
-        raise SystemExit(f"myna: {args.engine} has no voice {args.voice!r}; available: {engine.voices}")
-    await engine.start()
-    return engine
+
+def _sessions(args: argparse.Namespace) -> Sessions:
+    sessions = Sessions(limits=limits_from_args(args), max_hold_s=args.max_hold_ms / 1000.0)
+    sessions.metrics.set_limits(sessions.limits)
+    return sessions
 
 
-def _on_signals(stop) -> None:
+def _on_signals(first, name: str) -> None:
+    """``first()`` on the first SIGINT/SIGTERM; a second one exits at once (128 + signal)."""
     loop = asyncio.get_running_loop()
+    seen = False
+
+    def on_signal(sig: signal.Signals) -> None:
+        nonlocal seen
+        if seen:
+            print(f"{name}: {sig.name} again: exiting now", file=sys.stderr, flush=True)
+            os._exit(128 + sig)
+        seen = True
+        first()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop)
+        loop.add_signal_handler(sig, on_signal, sig)
+
+
+async def _drain(sessions: Sessions, timeout: float, then) -> None:
+    """Drain ``sessions`` (up to ``timeout`` s, saying so), then ``then()``."""
+    print(f"myna: draining: {sessions.speaking()} session(s) speaking, up to {timeout:g} s "
+          "(a second signal exits now)", flush=True)
+    finished = await sessions.drain(timeout)
+    print("myna: leaving" + ("" if finished else " (drain timed out)"), flush=True)
+    then()
 
 
 # -- room ---------------------------------------------------------------------------------
 def _room(args: argparse.Namespace) -> int:
-    require_livekit("myna room")
+    require("livekit")
     return asyncio.run(_run_room(args))
 
 
 async def _run_room(args: argparse.Namespace) -> int:
-    from livekit import api, rtc
+    from livekit import rtc
 
-    from myna.metrics import Metrics
     from myna.room.agent import RoomAgent
+    from myna.room.tokens import participant_token
 
     if args.token:
         token = args.token
     else:
         key, secret = _credentials()
-        token = (api.AccessToken(key, secret).with_identity(args.identity).with_name(args.identity).with_kind("agent")
-                 .with_grants(api.VideoGrants(room_join=True, room=args.room, can_publish=True, can_subscribe=True,
-                                              can_publish_data=True, can_update_own_metadata=True)).to_jwt())
-    engine = await _start_engine(args)
+        token = participant_token(key, secret, args.room, args.identity, agent=True)
+    sessions = _sessions(args)
+    engines = await _start_engines(args)
     try:
         room = rtc.Room()
-        agent = RoomAgent(room, engine, Metrics(), voice=args.voice,
+        agent = RoomAgent(room, engines[engines.default], sessions, engines=list(engines),
+                          voice=engines.voice_for(engines.default),
                           speak_for=frozenset(args.speak_for) if args.speak_for else None)
         agent.attach()
         try:
@@ -121,11 +146,14 @@ async def _run_room(args: argparse.Namespace) -> int:
             print(f"myna room: could not join {args.room!r} at {args.url}: {exc}", file=sys.stderr)
             return 1
         await agent.start()
-        _on_signals(agent.stop)
+        draining: list[asyncio.Task] = []
+        _on_signals(lambda: draining.append(asyncio.ensure_future(_drain(sessions, args.drain_timeout, agent.stop))),
+                    "myna room")
         print(f"myna: in room {args.room!r} as {room.local_participant.identity!r} (Ctrl-C leaves)", flush=True)
         await agent.run()
+        await asyncio.gather(*draining, return_exceptions=True)
     finally:
-        await engine.close()
+        await engines.close()
     reason = rtc.DisconnectReason.Name(agent.disconnect_reason) if agent.disconnect_reason is not None else "CLIENT_INITIATED"
     print(f"myna: left room {args.room!r} ({reason})", flush=True)
     return 0 if reason in _NORMAL_ENDS else 1
@@ -133,7 +161,7 @@ async def _run_room(args: argparse.Namespace) -> int:
 
 # -- worker -------------------------------------------------------------------------------
 def _worker(args: argparse.Namespace) -> int:
-    require_livekit("myna worker")
+    require("livekit")
     return asyncio.run(_run_worker(args))
 
 
@@ -141,9 +169,10 @@ async def _run_worker(args: argparse.Namespace) -> int:
     from myna.room.worker import RoomWorker, agent_server
 
     key, secret = _credentials()
-    engine = await _start_engine(args)
+    sessions = _sessions(args)
+    engines = await _start_engines(args)
     try:
-        worker = RoomWorker(engine, capacity=args.capacity, voice=args.voice,
+        worker = RoomWorker(engines, capacity=args.capacity, sessions=sessions,
                             speak_for=frozenset(args.speak_for) if args.speak_for else None)
         server = agent_server(worker, args.url, key, secret, agent_name=args.agent_name, http_port=args.http_port,
                               max_retry=args.max_retry)
@@ -152,9 +181,14 @@ async def _run_worker(args: argparse.Namespace) -> int:
             f"(capacity {args.capacity} speaking sessions)", flush=True))
         running = asyncio.ensure_future(server.run())
         stopping = asyncio.Event()
-        _on_signals(stopping.set)
+        _on_signals(stopping.set, "myna worker")
         stop = asyncio.ensure_future(stopping.wait())
         await asyncio.wait([running, stop], return_when=asyncio.FIRST_COMPLETED)
+        if stopping.is_set() and not running.done():
+            print(f"myna: draining: {sessions.speaking()} session(s) speaking, up to {args.drain_timeout:g} s; "
+                  "new dispatches go to other workers (a second signal exits now)", flush=True)
+            finished = await worker.drain(server, args.drain_timeout)
+            print("myna: shutting down" + ("" if finished else " (drain timed out)"), flush=True)
         stop.cancel()
         await server.aclose()
         try:
@@ -164,4 +198,4 @@ async def _run_worker(args: argparse.Namespace) -> int:
             return 1
         return 0
     finally:
-        await engine.close()
+        await engines.close()

@@ -1,6 +1,6 @@
 """Turns from many participants through one session, events back to whoever sent each turn.
 
-A room has one Myna track, so it has one :class:`~myna.rtc.session.Session`: turns from every
+A room has one Myna track, so it has one :class:`~myna.session.Session`: turns from every
 participant queue on it in order. The :class:`Router` sits in front of that session:
 
 - **Who may speak.** Every participant by default, or only the identities given
@@ -11,6 +11,8 @@ participant queue on it in order. The :class:`Router` sits in front of that sess
   own ids and its text never joins another participant's turn.
 - **Events.** Every event of a turn goes to the participant that sent the turn (``deliver``);
   an event without a ``turn_id`` (an error about a message) goes to whoever sent that message.
+- **Rates.** Data packets (contract JSON) pass each sender's message rate cap, as data-channel
+  messages do; a text stream is one turn, and its chunks are that turn's text.
 - **Leaving.** When a participant leaves while one of its turns is queued or playing, its
   synthesis is cancelled. Turns share one track and play in order, so this is the session's
   barge-in: turns of others queued behind it are dropped too, and each owner gets its
@@ -21,40 +23,44 @@ Pure logic, no LiveKit SDK: :mod:`myna.room.agent` feeds it packets, stream chun
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import replace
 
-from myna.events import Error
-from myna.rtc.session import MAX_TURN_ID, BadMessage, Session, _turn_id, parse_message
+from myna.events import Error, Event, TurnDone, TurnStarted
+from myna.limits import MessageRate
+from myna.messages import BadMessage, EndTurn, Interrupt, Message, Text, parse_message, valid_turn_id
+from myna.session import EventSink, Session
 
 log = logging.getLogger(__name__)
 
 #: (participant, turn_id) pairs remembered after their turn ended, so a late chunk still maps to
 #: the ended turn (and gets ``turn_ended``) instead of starting a new one.
 REMEMBERED_PAIRS = 512
-#: Text stream chunks are handed to the session in pieces of at most this many characters, so
-#: each piece fits one contract message (:data:`myna.rtc.session.MAX_MESSAGE_BYTES`).
+#: Text stream chunks are handed to the session in pieces of at most this many characters, as
+#: contract messages would carry them (:data:`myna.events.MAX_MESSAGE_BYTES`).
 TEXT_PIECE_CHARS = 2048
 
-Deliver = Callable[[str, dict], None]
+Deliver = Callable[[str, Event], None]
 
 
 class Router:
     """Participants' messages into one session; its events out to each turn's sender.
 
     Args:
-        session: builds the room's session from the router's event sink
-            (``lambda send: Session(engine, send, metrics)``).
+        session: builds the room's session from the router's event sink.
         deliver: called with ``(identity, event)`` for every event, in order.
         speak_for: identities allowed to speak through Myna (None: everyone).
+        message_rate: makes one sender's message rate cap (None: no cap).
     """
 
-    def __init__(self, session: Callable[[Callable[[dict], None]], Session], deliver: Deliver,
-                 speak_for: frozenset[str] | None = None):
+    def __init__(self, session: Callable[[EventSink], Session], deliver: Deliver,
+                 speak_for: frozenset[str] | None = None, message_rate: Callable[[], MessageRate] | None = None):
         self._deliver = deliver
         self.speak_for = speak_for
+        self._message_rate = message_rate
+        self._rates: dict[str, MessageRate] = {}
         self._ids: OrderedDict[tuple[str, str], str] = OrderedDict()  # (identity, turn_id) → session id
         self._owners: dict[str, tuple[str, str]] = {}  # session id → (identity, turn_id)
         self._live: set[str] = set()  # session ids of turns not yet done
@@ -72,36 +78,50 @@ class Router:
 
     # -- in ---------------------------------------------------------------------------------
     def packet(self, identity: str, raw: bytes | str) -> None:
-        """A data packet on topic ``myna``: one contract message (DESIGN.md §3)."""
-        try:
-            msg = parse_message(raw)
-        except BadMessage as exc:
-            self._refuse(identity, exc.code, exc.message)
-            return
-        self.message(identity, msg)
-
-    def message(self, identity: str, msg: dict) -> None:
-        """A parsed contract message from ``identity`` (a packet, or a text stream's chunk)."""
-        if not self.allowed(identity):
-            log.warning("ignored %s from %r: not allowed to speak through Myna", msg.get("type"), identity)
-            self._refuse(identity, "not_allowed", f"{identity!r} may not speak through Myna", msg.get("turn_id"))
-            return
-        if "turn_id" in msg:
-            try:
-                msg = {**msg, "turn_id": self._session_id(identity, _turn_id(msg))}
-            except BadMessage as exc:
-                self._refuse(identity, exc.code, exc.message)
+        """A data packet on topic ``myna``: one contract message (DESIGN.md §3), within the
+        sender's message rate."""
+        if self._message_rate is not None:
+            rate = self._rates.get(identity) or self._rates.setdefault(identity, self._message_rate())
+            allowed, report = rate.allow()
+            if not allowed:
+                if report:
+                    self._refuse(identity, "rate_limited", rate.message)
                 return
+        try:
+            message = parse_message(raw)
+        except BadMessage as exc:
+            self._refuse(identity, exc.code, exc.message, exc.turn_id)
+            return
+        self.message(identity, message)
+
+    def message(self, identity: str, message: Message) -> None:
+        """A contract message from ``identity`` (a packet, or a piece of a text stream)."""
+        turn_id = getattr(message, "turn_id", None)
+        if not self.allowed(identity):
+            log.warning("ignored a message from %r: not allowed to speak through Myna", identity)
+            self._refuse(identity, "not_allowed", f"{identity!r} may not speak through Myna", turn_id)
+            return
+        if turn_id is not None:
+            message = replace(message, turn_id=self._session_id(identity, turn_id))
         self._sender = identity
         try:
-            self.session.handle_message(json.dumps(msg))
+            self.session.handle(message)
         finally:
             self._sender = None
 
     def text(self, identity: str, turn_id: str, text: str) -> None:
-        """A chunk of a ``myna.text`` stream (any length): the turn's text, in pieces."""
+        """A chunk of a ``myna.text`` stream (any length): the turn's text, in pieces.
+
+        Raises:
+            BadMessage: ``turn_id`` is not one the contract takes.
+        """
+        turn_id = valid_turn_id(turn_id)
         for i in range(0, max(len(text), 1), TEXT_PIECE_CHARS):
-            self.message(identity, {"type": "text", "turn_id": turn_id, "text": text[i : i + TEXT_PIECE_CHARS]})
+            self.message(identity, Text(turn_id, text[i : i + TEXT_PIECE_CHARS]))
+
+    def end_turn(self, identity: str, turn_id: str) -> None:
+        """A ``myna.text`` stream closed: its turn's input ends."""
+        self.message(identity, EndTurn(valid_turn_id(turn_id)))
 
     def interrupt(self, identity: str) -> list[str]:
         """Barge-in from ``identity`` (every queued turn is dropped); returns the turn_ids of
@@ -113,7 +133,7 @@ class Router:
         if not self.allowed(identity):
             raise PermissionError(f"{identity!r} may not speak through Myna")
         own = [self._owners[sid][1] for sid in sorted(self._live, key=lambda s: int(s[1:])) if self._owners[sid][0] == identity]
-        self.message(identity, {"type": "interrupt"})
+        self.message(identity, Interrupt())
         return own
 
     def participant_left(self, identity: str) -> None:
@@ -123,28 +143,25 @@ class Router:
             self.session.interrupt()
         for key in [k for k in self._ids if k[0] == identity]:
             self._owners.pop(self._ids.pop(key), None)
+        self._rates.pop(identity, None)
 
     # -- out --------------------------------------------------------------------------------
-    def _on_event(self, event: dict) -> None:
-        sid = event.get("turn_id")
+    def _on_event(self, event: Event) -> None:
+        sid = getattr(event, "turn_id", None)
         owner = self._owners.get(sid) if sid is not None else None
         if owner is None:
             if self._sender is not None:
                 self._deliver(self._sender, event)
             return
         identity, turn_id = owner
-        event = {**event, "turn_id": turn_id}
-        if "message" in event:  # the session names turns by its own ids
-            event["message"] = event["message"].replace(repr(sid), repr(turn_id))
-        if event["type"] == "turn_started":
+        if isinstance(event, TurnStarted):
             self._live.add(sid)
-        elif event["type"] == "turn_done":
+        elif isinstance(event, TurnDone):
             self._live.discard(sid)
-        self._deliver(identity, event)
+        self._deliver(identity, event.with_turn_id(turn_id))
 
-    def _refuse(self, identity: str, code: str, message: str, turn_id=None) -> None:
-        valid = isinstance(turn_id, str) and 0 < len(turn_id) <= MAX_TURN_ID
-        self._deliver(identity, Error(code=code, message=message, turn_id=turn_id if valid else None).to_dict())
+    def _refuse(self, identity: str, code: str, message: str, turn_id: str | None = None) -> None:
+        self._deliver(identity, Error(code=code, message=message, turn_id=turn_id))
 
     def _session_id(self, identity: str, turn_id: str) -> str:
         key = (identity, turn_id)

@@ -12,8 +12,12 @@ serves it with a :class:`~myna.room.agent.RoomAgent` until no one but agents is 
   worker at random weighted by ``1 − load`` and skips a worker at capacity (load 1: the
   worker also marks itself full), so new rooms go to the less loaded worker.
 - **One engine, many rooms.** Jobs run as threads of this process (``JobExecutorType.THREAD``),
-  each room on its own event loop; they share the one loaded engine through
-  :class:`~myna.room.bridge.BridgedEngine`.
+  each room on its own event loop; they share the loaded engines through
+  :class:`~myna.room.bridge.BridgedEngine`, and one :class:`~myna.sessions.Sessions` (the same
+  limits as ``myna serve``).
+- **Drain.** :meth:`RoomWorker.drain` (``myna worker`` on SIGTERM): the server is told the
+  worker drains (new dispatches go to other workers), sessions refuse new turns and the turns
+  speaking finish, up to ``--drain-timeout``; then every room is left.
 - **CPU.** livekit-agents watches every job's event loop for blocking (a 20 ms heartbeat on the
   loop and a watchdog thread per room); that costs ~5 ms of CPU per second per room, about a
   sixth of a silent room's cost, so :func:`agent_server` turns it off unless
@@ -34,10 +38,10 @@ from dataclasses import dataclass, field
 
 from livekit.agents import AgentServer, AutoSubscribe, JobContext, JobExecutorType
 
-from myna.engines import Engine
-from myna.metrics import Metrics
+from myna.engines.build import Engines
 from myna.room.agent import RoomAgent
 from myna.room.bridge import BridgedEngine
+from myna.sessions import Sessions
 
 log = logging.getLogger(__name__)
 
@@ -53,24 +57,23 @@ class RoomWorker:
     """The rooms one ``myna worker`` serves, and its load.
 
     Args:
-        engine: the started engine every room speaks with.
+        engines: the started engines; every room speaks with the default one.
         capacity: speaking sessions the worker takes before it reports itself full.
-        metrics: the process's metrics.
-        voice: voice name (None: the engine's default).
+        sessions: the process's sessions (limits, metrics, drain).
         speak_for: identities allowed to speak through Myna (None: everyone).
     """
 
-    engine: Engine
+    engines: Engines
     capacity: int
-    metrics: Metrics = field(default_factory=Metrics)
-    voice: str | None = None
+    sessions: Sessions = field(default_factory=Sessions)
     speak_for: frozenset[str] | None = None
-    agents: set[RoomAgent] = field(default_factory=set)
+    agents: dict[RoomAgent, asyncio.AbstractEventLoop] = field(default_factory=dict)  # each room and its job's loop
 
     def __post_init__(self) -> None:
         if self.capacity < 1:
             raise ValueError("capacity must be at least 1 speaking session")
-        self._bridged = BridgedEngine(self.engine, asyncio.get_running_loop())
+        self._home = asyncio.get_running_loop()
+        self._bridged = BridgedEngine(self.engines[self.engines.default], self._home)
 
     def load(self) -> float:
         """Speaking sessions ÷ capacity, at most 1 (called from livekit-agents' thread pool)."""
@@ -79,17 +82,31 @@ class RoomWorker:
 
     async def entrypoint(self, ctx: JobContext) -> None:
         """One dispatched room (runs on the job's own thread and loop)."""
-        agent = RoomAgent(ctx.room, self._bridged, self.metrics, voice=self.voice, speak_for=self.speak_for,
+        agent = RoomAgent(ctx.room, self._bridged, self.sessions, engines=list(self.engines),
+                          voice=self.engines.voice_for(self.engines.default), speak_for=self.speak_for,
                           leave_when_empty=True, attributes={WORKER_ATTRIBUTE: ctx.worker_id})
         agent.attach()
         await ctx.connect(auto_subscribe=AutoSubscribe.SUBSCRIBE_NONE)
         await agent.start()
-        self.agents.add(agent)
+        self.agents[agent] = asyncio.get_running_loop()
         try:
             await agent.run()
         finally:
-            self.agents.discard(agent)
+            self.agents.pop(agent, None)
             ctx.shutdown("room served")
+
+    async def drain(self, server: AgentServer, timeout: float) -> bool:
+        """Drain (see the module docstring): returns True when every speaking turn finished
+        within ``timeout`` s. Every room is left afterwards."""
+        draining = asyncio.ensure_future(server.drain(timeout=None))  # the server dispatches elsewhere
+        finished = await self.sessions.drain(timeout)
+        for agent, loop in list(self.agents.items()):
+            loop.call_soon_threadsafe(agent.stop)  # (each room lives on its job's own loop)
+        try:
+            await asyncio.wait_for(draining, 10.0)
+        except asyncio.TimeoutError:
+            log.warning("rooms still open 10 s after the drain; closing them")
+        return finished
 
 
 def agent_server(worker: RoomWorker, url: str, key: str, secret: str, agent_name: str = DEFAULT_AGENT_NAME,

@@ -28,7 +28,6 @@ Two output modes:
 from __future__ import annotations
 
 import asyncio
-import fractions
 import logging
 import time
 from collections.abc import Callable
@@ -37,13 +36,11 @@ from dataclasses import dataclass
 import av
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from myna.audio.opus import OpusSettings, VoiceOpusEncoder
-from myna.audio.playout import FRAME_SAMPLES, IDLE_FRAME, SAMPLE_RATE, Playout
+from myna.audio.opus import OpusSettings, VoiceOpusEncoder, audio_frame
+from myna.audio.playout import FRAME_SAMPLES, FRAME_SECONDS, IDLE_FRAME, Playout
 
 log = logging.getLogger(__name__)
 
-FRAME_SECONDS = FRAME_SAMPLES / SAMPLE_RATE
-TIME_BASE = fractions.Fraction(1, SAMPLE_RATE)
 #: Frames that may be sent back to back after a late wake-up before the schedule slips.
 MAX_CATCH_UP = 2
 
@@ -181,8 +178,4 @@ class PacedAudioTrack(MediaStreamTrack):
                 return self._encoder.encode(samples, pts, silent)
             # Encoding takes ~0.5 ms; like aiortc, keep it off the event loop (other cores).
             return await asyncio.get_running_loop().run_in_executor(None, self._encoder.encode, samples, pts, silent)
-        frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate = SAMPLE_RATE
-        frame.time_base = TIME_BASE
-        frame.pts = pts
-        return frame
+        return audio_frame(samples, pts)

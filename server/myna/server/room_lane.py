@@ -30,6 +30,8 @@ from pathlib import Path
 
 from aiohttp import web
 
+from myna.extras import require
+
 log = logging.getLogger(__name__)
 
 CLIENT_BUNDLE = Path(".lk/npm/node_modules/livekit-client/dist/livekit-client.esm.mjs")
@@ -51,7 +53,7 @@ class RoomLanes:
     """Rooms opened for the page's room lane, each with Myna in it.
 
     Args:
-        worker: the worker whose default engine and metrics the rooms use.
+        worker: the worker whose default engine and sessions (limits, metrics, drain) the rooms use.
         url: the LiveKit server's WebSocket URL.
         key: API key (mints the tokens).
         secret: API secret.
@@ -74,7 +76,8 @@ class RoomLanes:
         room_name = f"myna-lane-{uuid.uuid4().hex[:10]}"
         engine = self.worker.engines[self.worker.default_engine]
         room = rtc.Room()
-        agent = RoomAgent(room, engine, self.worker.metrics, engines=[engine.name], leave_when_empty=True)
+        agent = RoomAgent(room, engine, self.worker.sessions, engines=[engine.name],
+                          voice=self.worker.engines.voice_for(engine.name), leave_when_empty=True)
         agent.attach()
         await room.connect(self.url, participant_token(self.key, self.secret, room_name, MYNA_IDENTITY),
                            rtc.RoomOptions(auto_subscribe=False, connect_timeout=10.0))
@@ -111,9 +114,7 @@ def add_room_lane(app: web.Application, worker, url: str | None) -> None:
     """
     lanes = None
     if url:
-        from myna.room.cli import require_livekit
-
-        require_livekit("myna serve --livekit-url")
+        require("livekit")
         key, secret = os.environ.get("LIVEKIT_API_KEY"), os.environ.get("LIVEKIT_API_SECRET")
         if not key or not secret:
             raise SystemExit("myna serve --livekit-url: set LIVEKIT_API_KEY and LIVEKIT_API_SECRET")

@@ -1,4 +1,4 @@
-"""StreamOutput (the WebSocket's unpaced turn output) with a session, without sockets."""
+"""The unpaced output (the WebSocket's and the in-process plug-ins') with a session, without sockets."""
 
 from __future__ import annotations
 
@@ -7,21 +7,21 @@ import json
 
 import numpy as np
 
+from myna.audio.unpaced import UnpacedOutput
 from myna.metrics import Metrics
-from myna.rtc.session import Session
-from myna.server.tts_stream import StreamOutput
+from myna.session import Session
 
 
 class FakeOutbox:
-    """Records what would be sent: dicts for events, ints (sample counts) for PCM."""
+    """Records what would be sent: the events' JSON objects, ints (sample counts) for PCM."""
 
     def __init__(self):
         self.items: list = []
 
-    def put_event(self, event: dict) -> None:
-        self.items.append(json.loads(json.dumps(event)))
+    def put_event(self, event) -> None:
+        self.items.append(json.loads(json.dumps(event.to_dict())))
 
-    def put_audio(self, pcm: bytes) -> None:
+    def put_audio(self, turn_id: str, pcm: bytes) -> None:
         self.items.append(len(pcm) // 2)
 
     def drop_audio(self) -> None:
@@ -43,10 +43,7 @@ class Clock:
 
 def make(rate: int = 16000, **options):
     outbox = FakeOutbox()
-    out = StreamOutput(outbox, rate, **options)
-    events = []
-    out.bind(lambda e: (events.append(e), out.announce(e)))
-    return outbox, out
+    return outbox, UnpacedOutput(outbox.put_event, outbox, rate, **options)
 
 
 def kinds(items) -> list:
@@ -56,7 +53,6 @@ def kinds(items) -> list:
 def test_a_turn_streams_resampled_audio_with_events_in_order():
     outbox, out = make(16000)
     out.begin_turn("a", text_at=0.0)
-    out.announce({"type": "turn_started", "turn_id": "a"})
     out.push_word("a", "hello", 0.0)
     out.push_word("a", "there", 250.0)
     out.push_audio("a", tone(200), 22050)
@@ -72,10 +68,8 @@ def test_a_turn_streams_resampled_audio_with_events_in_order():
 def test_a_queued_turn_is_announced_after_the_previous_one_is_done():
     outbox, out = make(22050)
     out.begin_turn("a", 0.0)
-    out.announce({"type": "turn_started", "turn_id": "a"})
     out.push_audio("a", tone(100), 22050)
     out.begin_turn("b", 0.0)
-    out.announce({"type": "turn_started", "turn_id": "b"})
     out.push_audio("b", tone(100), 22050)  # held: "a" is still open
     assert ("turn_started", "b") not in kinds(outbox.items)
     out.end_turn("a")
@@ -88,13 +82,14 @@ def test_interrupt_drops_unsent_audio_and_keeps_every_turn_bracketed():
     outbox, out = make(22050)
     for turn_id in ("a", "b"):
         out.begin_turn(turn_id, 0.0)
-        out.announce({"type": "turn_started", "turn_id": turn_id})
         out.push_audio(turn_id, tone(100), 22050)
     no_gaps = {"underruns": 0, "gap_ms": {"count": 0, "total": 0.0, "longest": 0.0}, "gaps": [], "interrupted": True}
-    assert out.interrupt() == [{"type": "turn_done", "turn_id": "a", "audio_ms": 100.0, **no_gaps},
-                               {"type": "turn_done", "turn_id": "b", "audio_ms": 0.0, **no_gaps}]
-    for turn_id in ("a", "b"):  # what Session.interrupt sends for each dropped turn
-        out.announce({"type": "turn_done", "turn_id": turn_id, "audio_ms": 0.0, "underruns": 0, "interrupted": True})
+    dropped = out.interrupt()  # the held turn_started of "b" comes with it, before its turn_done
+    assert [e.to_dict() for e in dropped] == [{"type": "turn_done", "turn_id": "a", "audio_ms": 100.0, **no_gaps},
+                                              {"type": "turn_started", "turn_id": "b"},
+                                              {"type": "turn_done", "turn_id": "b", "audio_ms": 0.0, **no_gaps}]
+    for event in dropped:  # what Session.interrupt sends for the dropped turns
+        outbox.put_event(event)
     out.push_audio("a", tone(100), 22050)  # late audio of a dropped turn
     assert kinds(outbox.items) == [("turn_started", "a"), ("first_audio", "a"), ("turn_done", "a"),
                                     ("turn_started", "b"), ("turn_done", "b")]
@@ -123,11 +118,11 @@ def test_late_audio_is_a_gap_for_a_real_time_consumer():
     frame_level.push_audio("b", tone(100), 22050)
     clock.t += 1.0
     frame_level.push_audio("b", tone(100), 22050)
-    assert frame_level.interrupt()[0]["underruns"] == 1
+    assert frame_level.interrupt()[0].underruns == 1
 
 
-async def test_a_session_with_a_stream_output_runs_turns_of_an_engine():
-    """The session's turn logic drives StreamOutput as it drives the paced Playout."""
+async def test_a_session_with_an_unpaced_output_runs_turns_of_an_engine():
+    """The session's turn logic drives the unpaced output as it drives the paced Playout."""
     from myna.engines.base import AudioChunk, Engine, SynthesisStream, WordEvent
 
     class Stream(SynthesisStream):
@@ -146,15 +141,14 @@ async def test_a_session_with_a_stream_output_runs_turns_of_an_engine():
             return Stream()
 
     outbox = FakeOutbox()
-    out = StreamOutput(outbox, 22050)
-    session = Session(engine=Tone(), send=out.announce, metrics=Metrics(), output=out.bind)
-    session.handle_message(json.dumps({"type": "text", "turn_id": "t", "text": "one two "}))
-    session.handle_message(json.dumps({"type": "end_turn", "turn_id": "t"}))
+    session = Session(Tone(), lambda s: UnpacedOutput.for_session(s, outbox, 22050), outbox.put_event, Metrics())
+    session.receive(json.dumps({"type": "text", "turn_id": "t", "text": "one two "}))
+    session.receive(json.dumps({"type": "end_turn", "turn_id": "t"}))
     for _ in range(100):
         if ("turn_done", "t") in kinds(outbox.items):
             break
         await asyncio.sleep(0.01)
     assert kinds(outbox.items)[0] == ("turn_started", "t") and kinds(outbox.items)[-1] == ("turn_done", "t")
     assert [i["word"] for i in outbox.items if isinstance(i, dict) and i["type"] == "word"] == ["one", "two"]
-    assert session.playout is None and session.track is None
+    assert isinstance(session.output, UnpacedOutput)
     await session.close()

@@ -11,9 +11,10 @@ A worker on the internet must bound what one client can take. Three kinds of lim
   second. An offer over the rate gets 429 ``rate_limited`` with ``Retry-After``; a message over
   the rate gets an ``error`` event ``rate_limited`` and is dropped.
 - **Turns.** Characters per turn (``turn_too_long``) and turns queued per session
-  (``too_many_turns``), enforced by :class:`myna.rtc.session.Session`.
+  (``too_many_turns``), enforced by :class:`myna.session.Session`.
 
-Every limit is a :class:`Limits` field, a ``myna serve`` flag and a ``/metrics`` gauge.
+Every limit is a :class:`Limits` field, a command-line flag (:func:`myna.sessions.add_session_arguments`)
+and a ``/metrics`` gauge.
 """
 
 from __future__ import annotations

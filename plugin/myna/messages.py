@@ -1,0 +1,168 @@
+"""The contract's client messages (DESIGN.md §3): one small type each, parsed from JSON in one place.
+
+The mirror of :mod:`myna.events`. A door that receives JSON (the data channel, the WebSocket,
+a LiveKit data packet) calls :func:`parse_message` once and hands the typed message to its
+:class:`~myna.session.Session`; a door that has its input typed already (a LiveKit text
+stream, the in-process plug-ins) builds the messages itself.
+
+- :class:`Text`: a chunk of a turn's text (it may split words anywhere);
+- :class:`EndTurn`: the turn's text is complete;
+- :class:`Interrupt`: drop every turn now (barge-in);
+- :class:`Config`: the WebSocket's settings, before its first turn.
+
+A message that breaks the contract raises :class:`BadMessage` (its ``code`` and ``message``
+go into the ``error`` event, with the message's ``turn_id`` when it had a valid one).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from myna.errors import MynaError
+from myna.events import MAX_MESSAGE_BYTES
+
+#: Longest accepted ``turn_id``.
+MAX_TURN_ID = 128
+#: Characters of client input an error message may quote (echoing more would let a 16 KiB
+#: message draw a larger error).
+QUOTED_INPUT_CHARS = 64
+#: Output rates a WebSocket client may ask for in ``config`` (Hz).
+MIN_RATE, MAX_RATE = 8_000, 96_000
+
+
+@dataclass(frozen=True)
+class Text:
+    """``{"type": "text", "turn_id", "text"}``: a chunk of a turn's text."""
+
+    turn_id: str
+    text: str
+
+
+@dataclass(frozen=True)
+class EndTurn:
+    """``{"type": "end_turn", "turn_id"}``: no more text for the turn."""
+
+    turn_id: str
+
+
+@dataclass(frozen=True)
+class Interrupt:
+    """``{"type": "interrupt"}``: barge-in."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """``{"type": "config", "engine"?, "voice"?, "sample_rate"?}`` (WebSocket only); None: unchanged.
+
+    ``sample_rate`` is in Hz, :data:`MIN_RATE` to :data:`MAX_RATE`."""
+
+    engine: str | None = None
+    voice: str | None = None
+    sample_rate: int | None = None
+
+
+Message = Text | EndTurn | Interrupt | Config
+
+
+class BadMessage(MynaError):
+    """A client message that breaks the contract; ``code`` goes into the ``error`` event,
+    with ``turn_id`` (the message's, when it had a valid one; else None)."""
+
+    def __init__(self, code: str, message: str, turn_id: str | None = None):
+        super().__init__(code, message)
+        self.turn_id = turn_id
+
+
+def parse_message(raw: str | bytes, *, config: bool = False) -> Message:
+    """Decode one client message: at most :data:`MAX_MESSAGE_BYTES` of UTF-8, a JSON object
+    with a string ``type``, and the fields its type needs.
+
+    Args:
+        config: the door takes :class:`Config` (the WebSocket); elsewhere it is an unknown type.
+
+    Raises:
+        BadMessage: ``message_too_large``, ``bad_encoding``, ``bad_json``, ``bad_message``,
+            ``bad_config`` or ``unknown_type``.
+    """
+    if isinstance(raw, bytes):
+        if len(raw) > MAX_MESSAGE_BYTES:
+            raise BadMessage("message_too_large", f"messages are limited to {MAX_MESSAGE_BYTES} bytes")
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise BadMessage("bad_encoding", "binary message is not UTF-8 JSON") from None
+    if len(raw.encode("utf-8")) > MAX_MESSAGE_BYTES:
+        raise BadMessage("message_too_large", f"messages are limited to {MAX_MESSAGE_BYTES} bytes")
+    try:
+        obj = json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # RecursionError: absurdly deep nesting
+        raise BadMessage("bad_json", f"message is not valid JSON: {exc}") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("type"), str):
+        raise BadMessage("bad_message", 'a message is a JSON object with a string "type"')
+    return message_from(obj, config=config)
+
+
+def message_from(obj: dict, *, config: bool = False) -> Message:
+    """The typed message of a decoded JSON object with a string ``type`` (see :func:`parse_message`).
+
+    Raises:
+        BadMessage: as :func:`parse_message`.
+    """
+    kind = obj["type"]
+    turn_id = _valid_turn_id(obj.get("turn_id"))
+    if kind == "text":
+        text = obj.get("text")
+        if turn_id is None:
+            raise BadMessage("bad_message", f'"text" needs a "turn_id" (string, 1-{MAX_TURN_ID} chars)')
+        if not isinstance(text, str):
+            raise BadMessage("bad_message", '"text" needs a string "text"', turn_id)
+        return Text(turn_id, text)
+    if kind == "end_turn":
+        if turn_id is None:
+            raise BadMessage("bad_message", f'"end_turn" needs a "turn_id" (string, 1-{MAX_TURN_ID} chars)')
+        return EndTurn(turn_id)
+    if kind == "interrupt":
+        return Interrupt()
+    if kind == "config" and config:
+        return _config(obj)
+    raise BadMessage("unknown_type", f"unknown message type {quote_input(kind)}", turn_id)
+
+
+def _config(obj: dict) -> Config:
+    engine, voice, rate = obj.get("engine"), obj.get("voice"), obj.get("sample_rate")
+    if not isinstance(engine, (str, type(None))) or not isinstance(voice, (str, type(None))):
+        raise BadMessage("bad_config", '"engine" and "voice" must be strings')
+    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int) or not MIN_RATE <= rate <= MAX_RATE):
+        raise BadMessage("bad_config", f'"sample_rate" must be an integer from {MIN_RATE} to {MAX_RATE} (Hz)')
+    return Config(engine, voice, rate)
+
+
+def _valid_turn_id(turn_id: object) -> str | None:
+    """A ``turn_id`` as the contract takes it (a string or an integer, 1-128 characters), or None."""
+    if isinstance(turn_id, int) and not isinstance(turn_id, bool):
+        turn_id = str(turn_id)
+    return turn_id if isinstance(turn_id, str) and 0 < len(turn_id) <= MAX_TURN_ID else None
+
+
+def valid_turn_id(turn_id: object) -> str:
+    """``turn_id`` as the contract takes it (a string or an integer of 1-128 characters, as text).
+
+    Raises:
+        BadMessage: ``bad_message`` for anything else.
+    """
+    valid = _valid_turn_id(turn_id)
+    if valid is None:
+        raise BadMessage("bad_message", f'a "turn_id" is a string of 1-{MAX_TURN_ID} characters')
+    return valid
+
+
+def quote_input(value: object, limit: int = QUOTED_INPUT_CHARS) -> str:
+    """``repr(value)`` for an error message, cut to ``limit`` characters (client input is
+    echoed, never whole).
+
+    >>> quote_input("x" * 100, limit=10)
+    "'xxxxxx…'"
+    """
+    text = repr(value) if not isinstance(value, str) or len(value) <= limit else repr(value[: limit - 4] + "…")
+    return text if len(text) <= limit + 2 else text[: limit - 1] + "…"

@@ -1,0 +1,340 @@
+"""A session: one client's turns, whatever door they come through (the core every door shares).
+
+A door (the WebRTC data channel, the WebSocket, a LiveKit room, an in-process plug-in) opens a
+:class:`Session` (:meth:`myna.sessions.Sessions.open`) with the engine it speaks with, an output
+that takes the audio (:class:`TurnOutput`: paced frames for a track, or unpaced PCM) and a sink
+for the events. It hands the session typed messages (:mod:`myna.messages`) and gets typed events
+back (:mod:`myna.events`); only the door turns them into bytes.
+
+Follow one text chunk: :meth:`Session.handle` takes a :class:`~myna.messages.Text`; the turn's
+first chunk opens the turn's :class:`~myna.engines.SynthesisStream` and queues the turn on the
+output, and each chunk is pushed into the stream. The turn's task (:meth:`Session._pump`) moves
+the stream's audio and word events into the output, which hands them to the transport and
+reports ``first_audio``, ``word`` and ``turn_done`` back through :meth:`Session.on_output_event`
+(metrics, then the door's sink).
+
+Rules every door gets:
+
+- Turns play in order: a chunk with a new ``turn_id`` ends the input of the previous turn (as
+  ``end_turn`` would) and queues the new turn behind it. ``interrupt`` drops every turn.
+- Limits (:class:`~myna.limits.Limits`): ``max_turn_chars`` (past it ``turn_too_long``: the turn
+  speaks what came before and its input ends) and ``max_queued_turns`` (``too_many_turns``).
+- Drain (:meth:`Session.drain`): new turns are refused (``draining``), turns already started go on.
+- Bad input gets an ``error`` event and the session stays usable; a failure of one turn's
+  engine ends that turn with an ``error``; engine audio that is unusable is dropped
+  (``bad_audio``); an output that cannot make a frame drops the turns (``audio_failed``,
+  :meth:`Session.output_failed`) and goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from myna.audio.pcm import as_mono_float32
+from myna.audio.playout import MAX_HOLD_S
+from myna.audio.turns import Gaps
+from myna.engines import AudioChunk, Engine, EngineError, ErrorEvent, FallbackEvent, SynthesisStream
+from myna.events import Error, Event, Fallback, FirstAudio, Ready, TurnDone
+from myna.limits import Limits
+from myna.messages import BadMessage, EndTurn, Interrupt, Message, Text, parse_message, quote_input
+from myna.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+#: How many finished or interrupted turn ids a session remembers, to drop late chunks for them.
+REMEMBERED_TURNS = 256
+
+EventSink = Callable[[Event], None]
+
+
+class TurnOutput(Protocol):
+    """Where a session's turns go (:class:`~myna.audio.turns.TurnQueue` and its two outputs).
+
+    An output queues turns in order and reports ``turn_started``, ``first_audio``, ``word`` and
+    ``turn_done`` events to the session (:meth:`Session.on_output_event`), each once the audio
+    it describes has been handed to the transport.
+    """
+
+    def begin_turn(self, turn_id: str, text_at: float) -> None:
+        """Queue a turn; ``text_at`` is when its first text chunk arrived (monotonic s)."""
+
+    def push_audio(self, turn_id: str, pcm: np.ndarray, sample_rate: int) -> None:
+        """Queue float32 mono PCM ``[n]`` at ``sample_rate`` Hz (ignored for dropped turns)."""
+
+    def push_word(self, turn_id: str, word: str, start_ms: float) -> None:
+        """Schedule a ``word`` event ``start_ms`` into the turn's audio."""
+
+    def end_turn(self, turn_id: str) -> None:
+        """No more audio for the turn; ``turn_done`` follows its last audio."""
+
+    def interrupt(self) -> list[Event]:
+        """Drop every queued turn now; returns the events that end them (each one's
+        ``turn_done`` with ``"interrupted": True``, the playing one first)."""
+
+    def reset(self) -> None:
+        """Forget every turn at once (the output itself failed)."""
+
+    def audio_runs_out_at(self) -> float:
+        """When the audio queued now will have played out (session clock, s); now when none is."""
+
+
+@dataclass
+class _Turn:
+    turn_id: str
+    stream: SynthesisStream
+    text_at: float
+    task: asyncio.Task | None = None
+    input_ended: bool = False
+    chars: int = 0  # text received, for the per-turn cap
+
+
+class Session:
+    """One client's speech session (see the module docstring).
+
+    Args:
+        engine: the engine this session speaks with.
+        output: builds the session's :class:`TurnOutput` from the session (e.g.
+            :meth:`myna.audio.playout.Playout.for_session`); it reads :attr:`on_output_event`,
+            :attr:`clock`, :attr:`max_hold_s` and :attr:`engine`.
+        send: the door's event sink: every event for the client, in order.
+        metrics: the process's metrics.
+        voice: voice name passed to the engine (None: its default).
+        limits: the turn limits applied (``max_turn_chars``, ``max_queued_turns``; None: off).
+        max_hold_s: the start rule's budget: the longest a turn's ready first audio may be held (s).
+        clock: monotonic clock in seconds.
+    """
+
+    def __init__(self, engine: Engine, output: Callable[["Session"], TurnOutput], send: EventSink, metrics: Metrics, *,
+                 voice: str | None = None, limits: Limits | None = None, max_hold_s: float = MAX_HOLD_S,
+                 clock: Callable[[], float] = time.monotonic):
+        self.engine = engine
+        self.send = send
+        self.metrics = metrics
+        self.voice = voice
+        self.limits = limits or Limits.off()
+        self.max_hold_s = max_hold_s
+        self.clock = clock
+        self._turns: dict[str, _Turn] = {}
+        self._open_turn: str | None = None
+        self._past_turns: deque[str] = deque(maxlen=REMEMBERED_TURNS)
+        self._closed = False
+        self._draining = False
+        self._on_close: list[Callable[[], None]] = []
+        self._output = output(self)
+        self.metrics.active_sessions.inc()
+
+    @property
+    def output(self) -> TurnOutput:
+        """The session's output (a paced transport drains it)."""
+        return self._output
+
+    def ready_event(self, engines: list[str], sample_rate: int) -> Ready:
+        """The ``ready`` event a door sends when the client's channel opens (``sample_rate``: Hz)."""
+        return Ready(engines=engines, engine=self.engine.name, sample_rate=sample_rate)
+
+    # -- intake ---------------------------------------------------------------------------
+    def receive(self, raw: str | bytes) -> None:
+        """One client message as JSON text (:func:`myna.messages.parse_message`), then :meth:`handle`."""
+        try:
+            message = parse_message(raw)
+        except BadMessage as exc:
+            self._error(exc.code, exc.message, turn_id=exc.turn_id)
+            return
+        self.handle(message)
+
+    def handle(self, message: Message) -> None:
+        """Act on one client message; contract violations become ``error`` events."""
+        turn_id = getattr(message, "turn_id", None)
+        try:
+            if isinstance(message, Text):
+                self._on_text(message.turn_id, message.text)
+            elif isinstance(message, EndTurn):
+                self._on_end_turn(message.turn_id)
+            elif isinstance(message, Interrupt):
+                self.interrupt()
+            else:  # Config belongs to the WebSocket, before its session exists
+                raise BadMessage("unknown_type", f"unknown message type {quote_input('config')}")
+        except (BadMessage, EngineError) as exc:
+            self._error(exc.code, exc.message, turn_id=turn_id)
+        except Exception:  # a bug must cost one message, never the session or the transport
+            log.exception("message handling failed")
+            self._error("internal", "the message could not be handled", turn_id=turn_id)
+
+    def _on_text(self, turn_id: str, text: str) -> None:
+        if turn_id in self._past_turns:  # a late chunk of a finished or interrupted turn: never speak it
+            raise BadMessage("turn_ended", "this turn has ended; use a new turn_id")
+        turn = self._turns.get(turn_id) or self._begin_turn(turn_id)
+        if turn.input_ended:
+            raise BadMessage("turn_ended", "this turn's input has ended; use a new turn_id")
+        turn.chars += len(text)
+        if self.limits.max_turn_chars is not None and turn.chars > self.limits.max_turn_chars:
+            # Nothing past the cap is spoken: the turn keeps what came before and its input ends.
+            self._end_input(turn)
+            raise BadMessage("turn_too_long", f"a turn may carry at most {self.limits.max_turn_chars} characters; "
+                                              "its input has ended")
+        turn.stream.push_text(text)
+
+    def _on_end_turn(self, turn_id: str) -> None:
+        if turn_id in self._past_turns:
+            return
+        turn = self._turns.get(turn_id) or self._begin_turn(turn_id)
+        self._end_input(turn)
+
+    def _begin_turn(self, turn_id: str) -> _Turn:
+        if self._draining:
+            raise BadMessage("draining", "the worker is shutting down; finish this session and connect to another")
+        cap = self.limits.max_queued_turns
+        if cap is not None and len(self._turns) >= cap:
+            raise BadMessage("too_many_turns", f"at most {cap} turns may be queued; wait for turn_done or interrupt")
+        if self._open_turn is not None and self._open_turn in self._turns:
+            self._end_input(self._turns[self._open_turn])
+        stream = self.engine.stream(self.voice, group=self)
+        turn = _Turn(turn_id, stream, text_at=self.clock())
+        self._turns[turn_id] = turn
+        self._open_turn = turn_id
+        self._output.begin_turn(turn_id, turn.text_at)
+        turn.task = asyncio.get_running_loop().create_task(self._pump(turn))
+        self.metrics.turns.labels(self.engine.name).inc()
+        return turn
+
+    def _end_input(self, turn: _Turn) -> None:
+        if not turn.input_ended:
+            turn.input_ended = True
+            turn.stream.end_input()
+        if self._open_turn == turn.turn_id:
+            self._open_turn = None
+
+    def interrupt(self) -> None:
+        """Barge-in: cancel synthesis of every turn and drop its queued audio."""
+        for event in self._output.interrupt():
+            self.on_output_event(event)
+
+    def audio_runs_out_at(self) -> float:
+        """When this session's queued audio will have played out (``clock`` s): the deadline of
+        its turns' next synthesis jobs (:meth:`myna.engines.base.Engine.stream`, ``group``)."""
+        return self._output.audio_runs_out_at()
+
+    async def _pump(self, turn: _Turn) -> None:
+        """Move one turn's engine output into the session's output."""
+        try:
+            async for item in turn.stream:
+                if isinstance(item, AudioChunk):
+                    pcm = self._usable_pcm(item, turn.turn_id)
+                    if pcm is not None:
+                        self._output.push_audio(turn.turn_id, pcm, item.sample_rate)
+                elif isinstance(item, ErrorEvent):  # part of the turn left out; the rest is spoken
+                    self._error(item.code, item.message, turn_id=turn.turn_id)
+                elif isinstance(item, FallbackEvent):  # another engine speaks the rest of the turn
+                    self._fallback(item, turn.turn_id)
+                else:
+                    self._output.push_word(turn.turn_id, item.word, item.start_ms)
+        except EngineError as exc:
+            self._error(exc.code, exc.message, turn_id=turn.turn_id)
+        except Exception as exc:  # never let one turn take the session down
+            log.exception("turn %s failed", turn.turn_id)
+            self._error("engine_failed", str(exc), turn_id=turn.turn_id)
+        finally:
+            if not turn.stream.cancelled:
+                self._output.end_turn(turn.turn_id)
+
+    def _usable_pcm(self, chunk: AudioChunk, turn_id: str) -> np.ndarray | None:
+        """The chunk as float32 mono ``[n]``, or None (with an ``error`` event) when unusable."""
+        try:
+            return as_mono_float32(chunk.pcm, chunk.sample_rate)
+        except ValueError as exc:
+            log.warning("turn %s: dropped an audio chunk: %s", turn_id, exc)
+            self._error("bad_audio", f"the engine produced unusable audio ({exc}); it was dropped", turn_id=turn_id)
+            return None
+
+    def output_failed(self, exc: BaseException) -> None:
+        """The output could not make a frame: drop the turns (their audio is what failed) and
+        say so; if the queue itself is broken, it starts afresh."""
+        self._error("audio_failed", f"audio output failed ({type(exc).__name__}); the turns in progress were dropped")
+        try:
+            self.interrupt()
+        except Exception:
+            log.exception("the output could not be interrupted; resetting it")
+            self._output.reset()
+            for turn_id in list(self._turns):
+                self.on_output_event(TurnDone(turn_id=turn_id, audio_ms=0.0, underruns=0, **Gaps().fields(),
+                                              interrupted=True))
+
+    # -- lifecycle ----------------------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        """True while a turn is open, synthesising or playing."""
+        return bool(self._turns)
+
+    def refuse(self, code: str, message: str, turn_id: str | None = None) -> None:
+        """Tell the client one of its messages was refused (an ``error`` event); the session carries on."""
+        self._error(code, message, turn_id)
+
+    def drain(self) -> None:
+        """Refuse new turns (``error`` ``draining``); turns already started carry on."""
+        self._draining = True
+
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once the session has closed."""
+        self._on_close.append(callback)
+
+    # -- events -----------------------------------------------------------------------------
+    def on_output_event(self, event: Event) -> None:
+        """An event from the output: metrics and turn bookkeeping, then the door's sink."""
+        if isinstance(event, FirstAudio):
+            self.metrics.server_ttfa.labels(self.engine.name).observe(event.server_ttfa_ms / 1000.0)
+            self.metrics.pre_roll.labels(self.engine.name).observe(event.pre_roll_ms / 1000.0)
+        elif isinstance(event, TurnDone):
+            turn = self._turns.pop(event.turn_id, None)
+            self._past_turns.append(event.turn_id)
+            if self._open_turn == event.turn_id:
+                self._open_turn = None
+            if event.interrupted:
+                if turn is None:
+                    return  # (the session had ended it already)
+                turn.stream.cancel()
+            self._count(event)
+        self.send(event)
+
+    def _count(self, done: TurnDone) -> None:
+        """A turn's underruns and gaps into the metrics."""
+        if done.underruns:
+            self.metrics.underruns.labels(self.engine.name).inc(done.underruns)
+        if done.gap_ms["count"]:
+            self.metrics.gaps.labels(self.engine.name).inc(done.gap_ms["count"])
+            self.metrics.gap_seconds.labels(self.engine.name).inc(done.gap_ms["total"] / 1000.0)
+
+    def _fallback(self, switch: FallbackEvent, turn_id: str) -> None:
+        self.metrics.fallbacks.labels(switch.from_engine, switch.to_engine, switch.reason).inc()
+        self.send(Fallback(turn_id=turn_id, from_engine=switch.from_engine, to_engine=switch.to_engine,
+                           reason=switch.reason, at_word=switch.at_word))
+
+    def _error(self, code: str, message: str, turn_id: str | None = None) -> None:
+        self.metrics.errors.labels(code).inc()
+        self.send(Error(code=code, message=message, turn_id=turn_id))
+
+    async def close(self) -> None:
+        """Cancel every turn and release the engine streams (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._output.interrupt()
+        tasks = []
+        for turn in self._turns.values():
+            turn.stream.cancel()
+            if turn.task is not None:
+                turn.task.cancel()
+                tasks.append(turn.task)
+        self._turns.clear()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.metrics.active_sessions.dec()
+        for callback in self._on_close:
+            callback()
+
