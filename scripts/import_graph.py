@@ -1,6 +1,6 @@
 """The import graph of the package, from the source (``ast``, nothing is imported or run).
 
-    python scripts/import_graph.py [--repo DIR] [--json]
+    python scripts/import_graph.py [--repo DIR] [--tooling MODULE,...] [--json]
 
 Modules are found through pyproject.toml's ``[tool.setuptools] package-dir`` (any layout), and
 every ``import`` / ``from ... import`` of a project module counts, at module level or inside a
@@ -75,8 +75,8 @@ def folder(module: str) -> str:
 _PACKAGES: set[str] = set()
 
 
-def is_tooling(module: str) -> bool:
-    return any(module == t or module.startswith(t + ".") for t in TOOLING)
+def is_tooling(module: str, tooling: tuple[str, ...] = TOOLING) -> bool:
+    return any(module == t or module.startswith(t + ".") for t in tooling)
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -115,7 +115,8 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return groups
 
 
-def report(repo: Path) -> dict:
+def report(repo: Path, tooling: tuple[str, ...] = TOOLING) -> dict:
+    """The figures (see the module docstring); ``tooling``: the modules and packages counted as tooling."""
     known = modules(repo)
     _PACKAGES.update(m for m, p in known.items() if p.stem == "__init__")
     graph = {name: imports(name, path, known) for name, path in known.items()}
@@ -129,31 +130,35 @@ def report(repo: Path) -> dict:
     for name, targets in graph.items():
         for other in {folder(t) for t in targets} - {folder(name)}:
             arrows[(folder(name), other)] += 1
-    serving = sum(n for m, n in lines.items() if not is_tooling(m))
-    tooling = sum(n for m, n in lines.items() if is_tooling(m))
+    serving = sum(n for m, n in lines.items() if not is_tooling(m, tooling))
+    tooling_lines = sum(n for m, n in lines.items() if is_tooling(m, tooling))
     return {
         "folders": dict(sorted(folders.items())),
-        "lines": {"serving": serving, "tooling": tooling},
+        "lines": {"serving": serving, "tooling": tooling_lines},
         "file_arrows": sum(len(t) for t in graph.values()),
         "folder_arrows": {f"{a} -> {b}": n for (a, b), n in sorted(arrows.items())},
         "circles": circles(graph),
         "serving_imports_tooling": sorted(f"{m} -> {t}" for m, ts in graph.items()
-                                          if not is_tooling(m) and m not in ENTRY_POINTS for t in ts if is_tooling(t)),
+                                          if not is_tooling(m, tooling) and m not in ENTRY_POINTS
+                                          for t in ts if is_tooling(t, tooling)),
     }
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repo", type=Path, default=Path(__file__).resolve().parent.parent, help="checkout to read")
+    p.add_argument("--tooling", default=",".join(TOOLING), metavar="MODULE,...",
+                   help="modules and packages counted as tooling (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = p.parse_args()
-    r = report(args.repo)
+    tooling = tuple(t.strip() for t in args.tooling.split(",") if t.strip())
+    r = report(args.repo, tooling)
     if args.json:
         print(json.dumps(r, indent=1))
         return 0
-    print(f"lines: {r['lines']['serving']} serving, {r['lines']['tooling']} tooling ({', '.join(TOOLING)})")
+    print(f"lines: {r['lines']['serving']} serving, {r['lines']['tooling']} tooling ({', '.join(tooling)})")
     for name, f in r["folders"].items():
-        print(f"  {name:<22} {f['modules']:>3} modules {f['lines']:>6} lines{'  (tooling)' if is_tooling(name) else ''}")
+        print(f"  {name:<22} {f['modules']:>3} modules {f['lines']:>6} lines{'  (tooling)' if is_tooling(name, tooling) else ''}")
     print(f"arrows: {r['file_arrows']} between files, {len(r['folder_arrows'])} between folders")
     for arrow, n in r["folder_arrows"].items():
         print(f"  {arrow}: {n}")

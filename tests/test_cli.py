@@ -392,3 +392,12 @@ def test_the_room_commands_build_dsm_and_refuse_it_without_a_checkpoint_as_serve
     args = ["--url", "ws://127.0.0.1:9"] + (["--room", "r"] if command == "room" else [])
     code, _, err = run_cli(capsys, command, *args, "--engine", "dsm,piper", "--fallback", "piper")
     assert code == 1 and one_line(err) == f"myna {command}: the dsm engine needs --dsm-checkpoint PATH_OR_REPO"
+
+
+@pytest.mark.parametrize("voice, message", [
+    ("mine.safetensors", "a voice file is the dsm engine's, and --engine does not load it"),
+    ("nobody", "piper has no voice 'nobody'"),
+])
+def test_a_voice_no_loaded_engine_takes_is_one_line(capsys, tmp_path, voice, message):
+    code, out, err = run_cli(capsys, "say", "Hi.", "--voice", voice, "-o", str(tmp_path / "x.wav"))
+    assert code == 1 and message in one_line(err) and "loading" not in out

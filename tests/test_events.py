@@ -50,8 +50,10 @@ def test_a_client_reads_events_of_a_newer_worker_and_skips_what_it_cannot_read()
     newer = {"type": "word", "turn_id": "t", "word": "hi", "start_ms": 1.0, "confidence": 0.9}
     assert decode_event(newer) == Word(turn_id="t", word="hi", start_ms=1.0)
     assert decode_event({"type": "brand_new", "turn_id": "t"}) is None
-    assert decode_event({"type": "word", "turn_id": "t"}) is None  # a field missing
-    assert decode_event(["not", "an", "event"]) is None
+    assert decode_event({"type": ["a"]}) is None and decode_event(["not", "an", "event"]) is None
+    older = decode_event({"type": "turn_done", "turn_id": "t", "audio_ms": 10.0, "underruns": 0})  # before gaps
+    assert older == TurnDone(turn_id="t", audio_ms=10.0, underruns=0, gap_ms=None, gaps=None)
+    assert decode_event({"type": "error", "code": "x"}) == Error(code="x", message=None)
 
 
 def test_a_door_renames_a_turn_in_a_copy():

@@ -262,6 +262,7 @@ async def _say_local(args: argparse.Namespace) -> int:
     print(f"loading {engine.name} ...", flush=True)
     try:
         await engines.start()
+        await engines.warm_up()  # (only with --phrase-cache-mb: off by default for one turn)
         t0 = time.monotonic()
         stream = engine.stream(engines.voice_for(engine.name))
         stream.push_text(args.text)

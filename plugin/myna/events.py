@@ -158,9 +158,10 @@ def encode_event(event: Event, max_bytes: int = MAX_MESSAGE_BYTES) -> str | None
 
 def decode_event(obj: object) -> Event | None:
     """A received event (the JSON object :meth:`Event.to_dict` makes) as its type; None for an
-    object that is not a known event or lacks a field (keys it does not know are ignored, so a
-    newer worker's additions do not break an older client)."""
-    if not isinstance(obj, dict) or obj.get("type") not in EVENT_TYPES:
+    object that is not a known event. Either side may be newer: keys it does not know are
+    ignored, and a field the sender did not send (an older worker's ``turn_done`` has no
+    ``gap_ms``) is None, or its default where it has one."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("type"), str) or obj["type"] not in EVENT_TYPES:
         return None
     cls = EVENT_TYPES[obj["type"]]
     values = {}
@@ -168,6 +169,6 @@ def decode_event(obj: object) -> Event | None:
         key = f.metadata.get("key", f.name)
         if key in obj:
             values[f.name] = obj[key]
-        elif f.default is MISSING and "absent" not in f.metadata:
-            return None
+        elif f.default is MISSING:
+            values[f.name] = None
     return cls(**values)

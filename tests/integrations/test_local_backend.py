@@ -93,3 +93,52 @@ async def test_the_pipecat_plugin_in_process_survives_a_fallback_switch():
     down = await run(MynaTTSService(engine=switching_engine()), llm_reply(TEXT))
     assert [f.text.strip() for f in down if isinstance(f, TTSTextFrame)] == WORDS
     assert sum(len(f.audio) for f in down if isinstance(f, TTSAudioRawFrame)) / 2 / 24_000 == pytest.approx(0.72, abs=0.03)
+
+
+async def test_closing_the_backend_mid_turn_ends_the_turns_iteration():
+    import asyncio
+
+    backend = LocalBackend(ToneEngine(word_ms=120.0))
+    await backend.start()
+    turn = await backend.open_turn()
+    await turn.push_text("one two three four five six ")  # no end_input: the turn stays open
+    items = []
+
+    async def consume():
+        async for item in turn:
+            items.append(item)
+
+    consumer = asyncio.ensure_future(consume())
+    await asyncio.sleep(0.05)
+    await backend.aclose()
+    await asyncio.wait_for(consumer, 2.0)  # (it waited for ever)
+    assert items  # what had come is kept
+
+
+async def test_text_after_end_input_is_refused_at_the_call_and_the_turn_is_spoken():
+    backend = LocalBackend(ToneEngine())
+    await backend.start()
+    try:
+        turn = await backend.open_turn()
+        await turn.push_text("one two ")
+        await turn.end_input()
+        with pytest.raises(RuntimeError):
+            await turn.push_text("three ")
+        assert [i.word for i in [x async for x in turn] if isinstance(i, Word)] == ["one", "two"]
+    finally:
+        await backend.aclose()
+
+
+async def test_a_turn_the_session_refuses_frees_its_session_for_the_next():
+    sessions = Sessions()
+    backend = LocalBackend(ToneEngine(), sessions=sessions)
+    await backend.start()
+    try:
+        await sessions.drain(0.0)  # every new turn is refused: draining
+        for _ in range(3):
+            with pytest.raises(MynaError) as err:
+                await speak(backend)
+            assert err.value.code == "draining"
+        assert len(sessions.all()) == 1  # one session, reused (each refused turn used to keep its own)
+    finally:
+        await backend.aclose()

@@ -205,3 +205,28 @@ async def test_ended_turn_ids_are_forgotten_beyond_the_limit_but_live_ones_never
     router.output.release("r1")
     assert delivered[-1] == ("alice", {"type": "turn_done", "turn_id": "live", "audio_ms": 0.0, "underruns": 0,
                                           **Gaps().fields()})
+
+
+async def test_a_stream_id_no_turn_id_can_be_is_refused_to_its_sender_and_counted(room):
+    router, delivered, engine = room
+    router.speak_for = frozenset({"alice"})
+    router.text("alice", "x" * 200, "hello")  # a sender may choose its stream ids
+    router.end_turn("alice", "x" * 200)
+    router.text("mallory", "y" * 200, "hello")
+    assert [(who, e["code"]) for who, e in delivered] == [("alice", "bad_message"), ("alice", "bad_message"),
+                                                         ("mallory", "not_allowed")]
+    assert not engine.streams
+    errors = router.session.metrics.registry.get_sample_value
+    assert errors("myna_errors_total", {"code": "bad_message"}) == 2.0
+    assert errors("myna_errors_total", {"code": "not_allowed"}) == 1.0
+
+
+async def test_data_packets_pass_each_senders_message_rate(room):
+    from myna.limits import MessageRate
+
+    router, delivered, _ = room
+    router._message_rate = lambda: MessageRate(1.0, 2)
+    for _ in range(5):
+        router.packet("alice", json.dumps({"type": "interrupt"}))
+    router.packet("bob", json.dumps({"type": "interrupt"}))
+    assert [(who, e["code"]) for who, e in delivered if e["type"] == "error"] == [("alice", "rate_limited")]

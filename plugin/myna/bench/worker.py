@@ -31,7 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="myna.bench.worker", description=__doc__.split("\n\n")[0])
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--max-hold-ms", type=milliseconds, default=100.0)
-    add_engine_arguments(p, engines=SERVE_ENGINES, phrase_cache_mb=0.0)  # no cache unless asked
+    # (no cache unless asked; --engines: the spelling older builds take, for `myna bench ttfa --compare`)
+    add_engine_arguments(p, engines=SERVE_ENGINES, phrase_cache_mb=0.0, engine_flags=("--engine", "--engines"))
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     enable_loopback_candidates()

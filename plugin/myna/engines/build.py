@@ -25,7 +25,6 @@ import argparse
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 from myna.engines import ENGINE_NAMES, Engine
 from myna.engines.fallback import AFTER_MS, STALL_MS, FallbackEngine
@@ -96,20 +95,22 @@ class EngineOptions:
 
 
 def _is_voice_file(voice: str) -> bool:
-    return voice.endswith(".safetensors") or Path(voice).is_file()
+    return voice.endswith(".safetensors")  # DSM voices (speaker_wavs) are safetensors files
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser, *, engines: str | None = "piper",
-                         phrase_cache_mb: float = DEFAULT_MB, engines_help: str = "%(default)s") -> None:
+                         phrase_cache_mb: float = DEFAULT_MB, engines_help: str = "%(default)s",
+                         engine_flags: tuple[str, ...] = ("--engine",)) -> None:
     """The engine flags (see the module docstring), with this command's defaults.
 
     Args:
         engines: the default of ``--engine``.
         phrase_cache_mb: the default of ``--phrase-cache-mb`` (0: off).
         engines_help: what ``--help`` says the default of ``--engine`` is.
+        engine_flags: the spellings of ``--engine`` (a command may keep an older one).
     """
     g = parser.add_argument_group("engines (the same flags for every command)")
-    g.add_argument("--engine", dest="engines", default=engines, metavar="NAME[,NAME...]",
+    g.add_argument(*engine_flags, dest="engines", default=engines, metavar="NAME[,NAME...]",
                    help=f"engines to load, comma-separated; the first is the default ({', '.join(ENGINE_NAMES)}; "
                         f"the piper-* strategies share one loaded voice; default: {engines_help})")
     g.add_argument("--voice", default=None, metavar="NAME_OR_FILE",
@@ -262,6 +263,8 @@ def build_engines(options: EngineOptions) -> Engines:
                                       guidance=options.guidance)
     if options.fallback:
         engines = with_fallback(engines, options.fallback, options.fallback_after_ms, options.fallback_stall_ms)
+    if options.dsm_voice and "dsm" not in engines:
+        raise EngineOptionsError(f"--voice {options.dsm_voice}: a voice file is the dsm engine's, and --engine does not load it")
     voice = options.voice_name
     default = engines[names[0]]
     if voice is not None and voice not in default.voices:

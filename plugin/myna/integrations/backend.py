@@ -42,7 +42,7 @@ from myna.engines import Engine
 from myna.engines.base import NON_FATAL_CODES
 from myna.engines.build import EngineOptions, Engines, build_engines
 from myna.errors import MynaError
-from myna.events import Error, Event, Fallback, FirstAudio, TurnDone, decode_event
+from myna.events import Error, Event, Fallback, FirstAudio, TurnDone, TurnStarted, decode_event
 from myna.events import Word as WordEvent
 from myna.limits import Limits
 from myna.messages import EndTurn, Text
@@ -162,9 +162,22 @@ class _EventTurn(Turn):
         self.turn_id = uuid.uuid4().hex
         self._items: asyncio.Queue[TurnItem | MynaError | None] = asyncio.Queue()
         self._sent_any = False  # the session has heard of this turn
+        self._started = False  # ... and took it (its turn_started came)
+        self._ended = False  # end_input was called
         self._cancelled = False
         self._done = False
         self.server_ttfa_ms: float | None = None
+
+    def _takes_text(self) -> bool:
+        """Whether text may go to the session now: False once the turn is over (refused, or
+        done: its iteration says why), and its session may carry another turn.
+
+        Raises:
+            RuntimeError: after :meth:`end_input` or :meth:`cancel`.
+        """
+        if self._ended or self._cancelled:
+            raise RuntimeError("push_text after end_input/cancel")
+        return not self._done
 
     def _audio(self, pcm: bytes) -> None:
         if not self._cancelled and not self._done:
@@ -174,7 +187,9 @@ class _EventTurn(Turn):
         if getattr(event, "turn_id", None) not in (None, self.turn_id):
             return  # a late event of an earlier turn of the session
         live = not self._cancelled and not self._done
-        if isinstance(event, WordEvent):
+        if isinstance(event, TurnStarted):
+            self._started = True
+        elif isinstance(event, WordEvent):
             if live:
                 self._items.put_nowait(Word(event.word, event.start_ms / 1000.0))
         elif isinstance(event, FirstAudio):
@@ -187,6 +202,8 @@ class _EventTurn(Turn):
             if live or (not self._cancelled and event.code not in NON_FATAL_CODES):
                 self._items.put_nowait(Notice(event.code, event.message) if event.code in NON_FATAL_CODES
                                        else MynaError(event.code, event.message))
+            if not self._started and event.turn_id == self.turn_id and event.code not in NON_FATAL_CODES:
+                self._close()  # refused before it began (draining, too_many_turns, ...): no turn_done will come
         elif isinstance(event, Fallback):
             log.info("turn %s moved from %s to %s (%s) at word %d", self.turn_id, event.from_engine,
                      event.to_engine, event.reason, event.at_word)
@@ -195,6 +212,14 @@ class _EventTurn(Turn):
         self._done = True
         if not self._cancelled:
             self._items.put_nowait(error)
+
+    def _close(self) -> None:
+        """The turn is over without its ``turn_done`` (refused, or its session closed): the
+        iteration ends after what it holds, and the session is free."""
+        if not self._done:
+            self._done = True
+            self._items.put_nowait(None)
+            self._finished()
 
     async def cancel(self) -> None:
         if self._cancelled:
@@ -268,6 +293,8 @@ class LocalBackend(Backend):
 
     async def aclose(self) -> None:
         for local in list(self._all):
+            if local.turn is not None:
+                local.turn._close()  # its consumer stops waiting
             await local.session.close()
         self._all.clear()
         self._idle.clear()
@@ -313,14 +340,13 @@ class _LocalTurn(_EventTurn):
         self._local = local
 
     async def push_text(self, text: str) -> None:
-        if self._done or self._cancelled:
-            raise RuntimeError("push_text after end_input/cancel")
-        if text:
+        if self._takes_text() and text:
             self._sent_any = True
             self._local.session.handle(Text(self.turn_id, text))
 
     async def end_input(self) -> None:
-        if not self._cancelled and not self._done:
+        if not (self._ended or self._cancelled or self._done):
+            self._ended = True
             self._sent_any = True
             self._local.session.handle(EndTurn(self.turn_id))
 
@@ -492,17 +518,14 @@ class _RemoteTurn(_EventTurn):
     def __init__(self, conn: _Connection):
         super().__init__()
         self._conn = conn
-        self._ended = False
 
     async def push_text(self, text: str) -> None:
-        if self._ended or self._cancelled:
-            raise RuntimeError("push_text after end_input/cancel")
-        if text:
+        if self._takes_text() and text:
             self._sent_any = True
             await self._conn.send({"type": "text", "turn_id": self.turn_id, "text": text})
 
     async def end_input(self) -> None:
-        if self._ended or self._cancelled:
+        if self._ended or self._cancelled or self._done:
             return
         self._ended = True
         self._sent_any = True

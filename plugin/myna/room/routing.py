@@ -110,18 +110,27 @@ class Router:
             self._sender = None
 
     def text(self, identity: str, turn_id: str, text: str) -> None:
-        """A chunk of a ``myna.text`` stream (any length): the turn's text, in pieces.
-
-        Raises:
-            BadMessage: ``turn_id`` is not one the contract takes.
-        """
-        turn_id = valid_turn_id(turn_id)
-        for i in range(0, max(len(text), 1), TEXT_PIECE_CHARS):
-            self.message(identity, Text(turn_id, text[i : i + TEXT_PIECE_CHARS]))
+        """A chunk of a ``myna.text`` stream (any length): the turn's text, in pieces. A stream
+        id the contract cannot take as a ``turn_id`` gets an ``error`` (``bad_message``)."""
+        if (turn_id := self._stream_turn(identity, turn_id)) is not None:
+            for i in range(0, max(len(text), 1), TEXT_PIECE_CHARS):
+                self.message(identity, Text(turn_id, text[i : i + TEXT_PIECE_CHARS]))
 
     def end_turn(self, identity: str, turn_id: str) -> None:
         """A ``myna.text`` stream closed: its turn's input ends."""
-        self.message(identity, EndTurn(valid_turn_id(turn_id)))
+        if (turn_id := self._stream_turn(identity, turn_id)) is not None:
+            self.message(identity, EndTurn(turn_id))
+
+    def _stream_turn(self, identity: str, stream_id: str) -> str | None:
+        """A text stream's id as its turn's ``turn_id``, or None (refused: an ``error`` to the sender)."""
+        try:
+            return valid_turn_id(stream_id)
+        except BadMessage as exc:
+            if self.allowed(identity):
+                self._refuse(identity, exc.code, exc.message)
+            else:
+                self._refuse(identity, "not_allowed", f"{identity!r} may not speak through Myna")
+            return None
 
     def interrupt(self, identity: str) -> list[str]:
         """Barge-in from ``identity`` (every queued turn is dropped); returns the turn_ids of
@@ -161,6 +170,8 @@ class Router:
         self._deliver(identity, event.with_turn_id(turn_id))
 
     def _refuse(self, identity: str, code: str, message: str, turn_id: str | None = None) -> None:
+        """An ``error`` to ``identity`` about a message the session never saw (counted as the session's are)."""
+        self.session.metrics.errors.labels(code).inc()
         self._deliver(identity, Error(code=code, message=message, turn_id=turn_id))
 
     def _session_id(self, identity: str, turn_id: str) -> str:
