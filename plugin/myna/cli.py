@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from myna import __version__
-from myna.audio.pcm import to_s16
-from myna.extras import MissingExtra, extra_for, require
+from myna.audio.turns import to_s16
+from myna.extras import MissingExtra, extra_for
 
 log = logging.getLogger("myna")
 

@@ -38,9 +38,8 @@ from typing import Protocol
 
 import numpy as np
 
-from myna.audio.pcm import as_mono_float32
 from myna.audio.playout import MAX_HOLD_S
-from myna.audio.turns import Gaps
+from myna.audio.turns import Gaps, as_mono_float32
 from myna.engines import AudioChunk, Engine, EngineError, ErrorEvent, FallbackEvent, SynthesisStream
 from myna.events import Error, Event, Fallback, FirstAudio, Ready, TurnDone
 from myna.limits import Limits

@@ -242,7 +242,7 @@ class Clock:
         return self.t
 
 
-async def play(session: Session, clock: Clock, frames: int) -> None:
+async def play(session, clock: Clock, frames: int) -> None:
     for _ in range(frames):
         session.output.next_frame()
         clock.t += 0.02

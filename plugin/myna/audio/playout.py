@@ -54,9 +54,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from myna.audio.pcm import to_s16
 from myna.audio.preroll import JitterAwarePreRoll, PreRollRule, ProducerStats
-from myna.audio.turns import EventSink, OutputTurn, TurnQueue
+from myna.audio.turns import EventSink, OutputTurn, TurnQueue, to_s16
 from myna.events import Event
 
 #: The frame every paced transport sends: 20 ms of mono audio at 48 kHz.

@@ -27,8 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from myna.audio.pcm import to_s16
-from myna.audio.turns import EventSink, OutputTurn, TurnQueue
+from myna.audio.turns import EventSink, OutputTurn, TurnQueue, to_s16
 from myna.events import Event, TurnStarted
 
 

@@ -45,7 +45,6 @@ from myna.metrics import Metrics
 from myna.server.auth import Authenticator, Grant, bearer_token
 from myna.server.tts_stream import add_tts_stream
 from myna.server.webrtc import Peers
-from myna.session import Session
 from myna.sessions import Sessions
 
 log = logging.getLogger(__name__)
@@ -165,10 +164,6 @@ class Worker:
         """The circuit breaker state of each engine with a fallback (``closed``, ``open``,
         ``half_open``; :class:`myna.engines.fallback.CircuitBreaker`), by engine name."""
         return self.engines.breakers()
-
-    def all_sessions(self) -> list[Session]:
-        """Every open session, WebRTC and WebSocket."""
-        return self.sessions.all()
 
     async def drain(self, timeout: float) -> bool:
         """Stop taking sessions and turns; wait up to ``timeout`` s for speaking turns to finish.
