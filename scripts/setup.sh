@@ -6,6 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:-runtime}"
+case " $* " in *" dev "*) mode=dev ;; esac  # dev is every extra: it may come with others, in any place
 python="${PYTHON:-python3.11}"
 command -v "$python" >/dev/null || python=python3
 

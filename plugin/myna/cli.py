@@ -227,7 +227,7 @@ async def _say_remote(args: argparse.Namespace, url: str) -> int:
         async with MynaClient(url, engine=args.engines, voice=args.voice, token=args.token) as client:
             result = await client.speak(args.text, tokens_per_s=args.token_rate or None)
     except (OSError, RuntimeError, TimeoutError, ValueError) as exc:
-        print(f"myna say: {exc or type(exc).__name__}", file=sys.stderr)
+        print(f"myna say: {str(exc) or type(exc).__name__}", file=sys.stderr)
         return 1
     errors = [event for event in result.events if event["type"] == "error"]
     for event in errors:

@@ -16,7 +16,7 @@ EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
     "dsm": ("the dsm engine (PyTorch)", ("torch", "safetensors", "sentencepiece")),
     "pipecat": ("the Pipecat plug-in", ("pipecat", "loguru")),
     "livekit": ("Myna in LiveKit rooms (and the LiveKit Agents plug-in)", ("livekit.agents", "livekit.rtc")),
-    "bench": ("benchmark plots and the soak benchmark", ("matplotlib", "psutil")),
+    "bench": ("myna bench soak (and bench ttfa --plot)", ("psutil", "matplotlib")),
     "hub": ("Hugging Face downloads", ("huggingface_hub",)),
 }
 

@@ -413,7 +413,7 @@ class RemoteBackend(Backend):
             if isinstance(exc, aiohttp.WSServerHandshakeError) and exc.status in (401, 403):
                 refused = AccessRefused.from_status(exc.status, token_sent=bool(headers))
                 raise MynaError(refused.code, refused.message) from None
-            raise MynaError("connection_failed", f"cannot reach {self.url}: {exc or type(exc).__name__}") from None
+            raise MynaError("connection_failed", f"cannot reach {self.url}: {str(exc) or type(exc).__name__}") from None
         self._all.add(conn)
         self.scripts = frozenset(conn.ready.get("scripts") or LATIN)
         return conn

@@ -228,7 +228,7 @@ class RoomAgent:
             try:
                 await asyncio.wait_for(self.room.disconnect(), DISCONNECT_TIMEOUT)
             except (asyncio.TimeoutError, Exception) as exc:  # the server may be gone
-                log.warning("leaving room %r: %s", self.room.name, exc or type(exc).__name__)
+                log.warning("leaving room %r: %s", self.room.name, str(exc) or type(exc).__name__)
         log.info("left room %r", self.room.name)
 
     # -- in -----------------------------------------------------------------------------------
