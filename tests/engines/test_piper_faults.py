@@ -29,13 +29,13 @@ async def engine():
 
 @pytest.fixture
 def faults(engine):
-    """``faults(word, times, exc)``: the next ``times`` syntheses of a unit holding ``word``
-    raise ``exc``; returns the texts synthesised, failures included."""
-    real = engine.synthesize_clause
+    """``faults(word, times, exc)``: the next ``times`` latent jobs of a unit holding ``word``
+    raise ``exc``; returns the texts encoded, failures included."""
+    real = engine.encode_unit
     calls: list[str] = []
     plan: dict[str, list] = {}
 
-    def synthesize_clause(text: str):
+    def encode_unit(text: str):
         calls.append(text)
         for word, left in plan.items():
             if word in text and left[0] > 0:
@@ -47,9 +47,9 @@ def faults(engine):
         plan[word] = [times, exc]
         return calls
 
-    engine.synthesize_clause = synthesize_clause
+    engine.encode_unit = encode_unit
     yield arm
-    del engine.synthesize_clause
+    del engine.encode_unit
 
 
 async def turn(stream, text: str, timeout: float = 120.0) -> list:
@@ -126,9 +126,28 @@ async def test_with_a_fallback_the_failed_unit_is_spoken_by_it(engine, faults):
     assert all(a.sample_rate == engine.sample_rate for a in items if isinstance(a, AudioChunk))
 
 
+async def test_a_chunk_that_fails_twice_leaves_out_the_rest_of_its_unit_only(engine, monkeypatch):
+    real, calls = engine.render, []
+
+    def render(latent, start, end):
+        calls.append(start)
+        if start > 0 and len(calls) <= 4:  # the first unit's second chunk, and its retry
+            raise RuntimeError("onnxruntime: bad state")
+        return real(latent, start, end)
+
+    monkeypatch.setattr(engine, "render", render)
+    items = await turn(engine.stream(), "Please press every one of the buttons on the panel now. Then wait.")
+    assert [e.code for e in errors(items)] == ["unit_failed"]
+    said = words(items)
+    assert said[-2:] == ["Then", "wait"] and said[0] == "Please" and len(said) < 12  # its start, not its rest
+    assert calls.count(0) == 2  # the next unit was rendered from its start
+
+
 async def test_a_failure_outside_synthesis_still_ends_only_its_turn(engine, monkeypatch):
+    import myna.engines.piper as piper
+
     stream = engine.stream()
-    monkeypatch.setattr(engine, "max_job_chars", lambda: 1 / 0)
+    monkeypatch.setattr(piper, "_UnitOut", lambda *a: 1 / 0)
     with pytest.raises(EngineError) as err:
         await turn(stream, "Hello there.")
     assert err.value.code == "engine_failed"

@@ -1,17 +1,18 @@
 """The deadline-ordered scheduler on a virtual clock: earliest deadline first, the horizon,
-dropping a session's jobs, and Piper's jobs bounded in compute (virtual cost, no voice)."""
+dropping a session's jobs, and Piper's jobs: a unit's latent whole, then chunks (virtual voice)."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import numpy as np
 import pytest
 
 from myna.engines import AudioChunk
-from myna.engines.piper import MIN_JOB_CHARS, PiperEngine, split_unit
-from myna.engines.scheduler import ComputeCost, DeadlineScheduler
+from myna.engines.piper import CHUNK_FRAMES, FIRST_CHUNK_FRAMES, PiperEngine, UnitLatent
+from myna.engines.scheduler import DeadlineScheduler
 
 
 class Clock:
@@ -142,59 +143,50 @@ async def test_errors_reach_the_caller_and_the_scheduler_carries_on():
     scheduler.shutdown()
 
 
-def test_the_cost_is_fitted_to_measured_jobs_and_sizes_them():
-    cost = ComputeCost(overhead_s=0.01, s_per_char=0.001)
-    for _ in range(60):
-        for chars in (10, 50, 100):
-            cost.observe(chars, 0.1 + 0.01 * chars)  # 100 ms per job, 10 ms per character
-    assert cost.overhead_s == pytest.approx(0.1, abs=0.005)
-    assert cost.s_per_char == pytest.approx(0.01, rel=0.05)
-    assert cost.max_chars(0.3) == pytest.approx(20, abs=1)
-    for _ in range(30):
-        for chars in (10, 50, 100):
-            cost.observe(chars, 2 * (0.1 + 0.01 * chars))  # the host got busy: twice as slow
-    assert cost.s_per_char == pytest.approx(0.02, rel=0.1)
-    assert cost.seconds(100) == pytest.approx(2.2, rel=0.1)
+class _FakeLatent:
+    """A unit's latent for the virtual voice: its text and its frames."""
 
-
-@pytest.mark.parametrize("max_chars", [12, 30, 64, 100])
-def test_split_unit_keeps_every_word_within_the_bound(max_chars):
-    text = ("Your order ships on Friday, and the courier will call an hour before arriving so that "
-            "somebody can be at home to sign for the parcel and check it")
-    pieces = split_unit(text, max_chars)
-    assert " ".join(pieces) == text
-    assert all(len(p) <= 1.25 * max_chars for p in pieces)  # "about" the bound
-    assert min(len(p) for p in pieces) >= max_chars / 4 or len(pieces) == 1  # balanced, no stray tail
-    if max_chars >= 30:  # (at 12 characters some piece must end on one)
-        assert not any(p.split()[-1] in ("the", "a", "to", "is", "can", "be") for p in pieces)  # none leans on the next
-
-
-def test_split_unit_cuts_where_a_speaker_would_pause():
-    assert split_unit("Your order ships on Friday, and the courier will call first", 40) == [
-        "Your order ships on Friday,", "and the courier will call first"]
-    # Not "Your table for four is | booked ...": Whisper heard "as booked" there.
-    assert split_unit("Your table for four is booked at seven tonight.", 24) == [
-        "Your table for four is booked", "at seven tonight."]
+    def __init__(self, text: str, frames: int):
+        self.text, self.frames = text, frames
 
 
 class VirtualPiper:
-    """A Piper engine with a virtual voice: 60 ms of audio and ``s_per_char`` of (virtual)
-    compute per character; records each job's text, deadline and virtual compute."""
+    """A Piper engine with a virtual voice: 2 latent frames (256 samples each) per character,
+    jobs of no real compute; records each job (kind, unit text, frames, deadline) in order."""
 
-    def __init__(self, s_per_char: float = 0.005):
-        self.engine = PiperEngine(workers=1)
+    HOP = 256
+
+    def __init__(self, job_s: float = 0.0):
+        self.engine = PiperEngine(workers=1, horizon_s=120.0)  # (the horizon is tested above)
         self.engine._voice = object()  # "loaded"
-        self.engine.cost = ComputeCost(overhead_s=0.0, s_per_char=s_per_char)
-        self.s_per_char = s_per_char
+        self.job_s = job_s
         self.jobs: list[dict] = []
-        self.engine.synthesize = self._synthesize
+        self.engine.encode_unit = self._encode
+        self.engine.render = self._render
+        run = self.engine.scheduler.run
 
-    async def _synthesize(self, text, deadline=None, owner=None):
-        self.jobs.append({"text": text, "deadline": deadline, "compute_s": self.s_per_char * len(text)})
-        await asyncio.sleep(0)
+        async def recorded(fn, *args, deadline=None, owner=None):
+            kind = "latent" if fn == self._encode else "chunk"
+            text = args[0] if kind == "latent" else args[0].text
+            job = {"kind": kind, "text": text, "deadline": deadline, "frames": args[2] - args[1] if kind == "chunk" else 0}
+
+            def started(*a):  # recorded when a thread takes it (the order jobs run in)
+                self.jobs.append(job)
+                return fn(*a)
+
+            return await run(started, *args, deadline=deadline, owner=owner)
+
+        self.engine.scheduler.run = recorded
+
+    def _encode(self, text: str) -> UnitLatent:
+        time.sleep(self.job_s)
         words = text.split()
-        pcm = np.full(int(0.06 * 22_050 * len(text)), 0.1, np.float32)
-        return pcm, [1000.0 * 0.06 * len(" ".join(words[:i])) for i in range(len(words))]
+        starts = [1000.0 * 2 * self.HOP * len(" ".join(words[:i])) / 22_050 for i in range(len(words))]
+        return UnitLatent([_FakeLatent(text, 2 * len(text))], starts, 2 * len(text) * self.HOP)
+
+    def _render(self, latent: _FakeLatent, start: int, end: int) -> np.ndarray:
+        time.sleep(self.job_s)
+        return np.full((min(end, latent.frames) - start) * self.HOP, 0.1, np.float32)
 
 
 LONG_CLAUSE = ("the courier will call an hour before arriving so that somebody can be at home to sign for the "
@@ -205,35 +197,44 @@ async def _drain(stream) -> list:
     return [item async for item in stream]
 
 
-async def test_a_long_unit_becomes_jobs_of_bounded_compute():
-    piper = VirtualPiper(s_per_char=0.001)
-    piper.engine.max_job_s = 0.08  # 80 characters
+async def test_a_long_unit_is_one_latent_job_then_chunks_that_grow_never_a_cut_in_its_text():
+    piper = VirtualPiper()
     stream = piper.engine.stream()
-    stream.push_text(LONG_CLAUSE)
+    stream.push_text(LONG_CLAUSE + ".")  # 31 words, 157 characters
     stream.end_input()
     items = await _drain(stream)
-    assert len(piper.jobs) >= 2
-    assert max(job["compute_s"] for job in piper.jobs) <= 1.25 * piper.engine.max_job_s  # "about" the bound
-    assert " ".join(job["text"] for job in piper.jobs) == LONG_CLAUSE
-    assert [i.word for i in items if not isinstance(i, AudioChunk)] == LONG_CLAUSE.split()
+    latents = [job for job in piper.jobs if job["kind"] == "latent"]
+    assert [job["text"] for job in latents] == [LONG_CLAUSE + "."]  # the clause whole: no cut for compute
+    chunks = [job["frames"] for job in piper.jobs if job["kind"] == "chunk"]
+    assert chunks[:4] == [FIRST_CHUNK_FRAMES, 2 * FIRST_CHUNK_FRAMES, 4 * FIRST_CHUNK_FRAMES, CHUNK_FRAMES]
+    assert set(chunks[3:]) == {CHUNK_FRAMES}
+    assert sum(chunks) >= 2 * len(LONG_CLAUSE)  # every frame rendered
+    assert [i.word for i in items if not isinstance(i, AudioChunk)] == LONG_CLAUSE.split()  # (words without stops)
     piper.engine.scheduler.shutdown()
 
 
-async def test_a_clause_is_never_cut_into_pieces_shorter_than_the_floor():
-    """On a host so slow that 300 ms is a few words, pieces stay about 12 words long: each cut
-    inside a clause is heard (tests/engines/test_piper.py has the Whisper figures)."""
-    from myna.text import ClauseChunker
+async def test_a_turns_first_unit_waits_for_one_chunk_not_for_a_unit():
+    """One thread, a session speaking a long unit (jobs of 20 ms each): a new turn's first job
+    runs after at most the one chunk that is running when it arrives."""
+    import time as clock
 
-    text = LONG_CLAUSE + " and then some more words to end it."
-    chunker = ClauseChunker()
-    units = [u for w in text.split() for u in chunker.push(w)] + chunker.flush()
-    piper = VirtualPiper(s_per_char=0.02)  # 300 ms of compute: 15 characters
-    stream = piper.engine.stream()
-    stream.push_text(text)
-    stream.end_input()
-    await _drain(stream)
-    assert len(piper.jobs) == sum(-(-len(u) // MIN_JOB_CHARS) for u in units)  # as few cuts as the floor allows
-    assert all(len(job["text"]) >= MIN_JOB_CHARS / 2 for job in piper.jobs)  # balanced halves at worst
+    piper = VirtualPiper(job_s=0.02)
+    speaking = piper.engine.stream(group=Listener(clock.monotonic() + 0.5))
+    speaking.push_text(LONG_CLAUSE + " " + LONG_CLAUSE)
+    speaking.end_input()
+    drain = asyncio.ensure_future(_drain(speaking))
+    while sum(job["kind"] == "chunk" for job in piper.jobs) < 3:
+        await asyncio.sleep(0.005)
+    at = len(piper.jobs)  # the running job, and those before it
+    new = piper.engine.stream(group=Listener(clock.monotonic()))
+    new.push_text("Hello there.")
+    new.end_input()
+    await asyncio.wait_for(new.__aiter__().__anext__(), 5)
+    mine = next(i for i, job in enumerate(piper.jobs) if job["text"] == "Hello there.")
+    assert mine - at <= 1  # at most the chunk a thread took as the text arrived
+    new.cancel()
+    speaking.cancel()
+    await drain
     piper.engine.scheduler.shutdown()
 
 
@@ -265,15 +266,17 @@ class Listener:
 async def test_jobs_are_due_when_the_sessions_audio_runs_out():
     import time
 
-    piper = VirtualPiper(s_per_char=0.0005)
+    piper = VirtualPiper()
     quiet = Listener(time.monotonic())
     stream = piper.engine.stream(group=quiet)
     stream.push_text("Hi, how are you today, my friend?")
     stream.end_input()
     await _drain(stream)
-    assert piper.jobs[0]["deadline"] == quiet.at  # a quiet session's first job: now
+    # A quiet session's first jobs (the first unit's latent and first chunk): now.
+    assert [job["kind"] for job in piper.jobs[:2]] == ["latent", "chunk"]
+    assert [job["deadline"] for job in piper.jobs[:2]] == [quiet.at, quiet.at]
     # Later jobs: when the audio already made runs out (the stream's own bound, here later).
-    assert all(job["deadline"] > quiet.at for job in piper.jobs[1:])
+    assert len(piper.jobs) > 2 and all(job["deadline"] > quiet.at for job in piper.jobs[2:])
     busy = Listener(time.monotonic() + 30.0)  # 30 s of audio still to play
     stream = piper.engine.stream(group=busy)
     stream.push_text("Hi, how are you today?")
@@ -298,5 +301,5 @@ async def test_a_groups_turns_are_synthesised_in_order_and_a_cancelled_one_lets_
         turn.end_input()
     turns[1].cancel()  # before it ever ran
     await asyncio.wait_for(asyncio.gather(*(_drain(t) for t in turns)), 10)
-    said = [job["text"].split()[1] for job in piper.jobs]
+    said = [job["text"].split()[1] for job in piper.jobs if job["kind"] == "latent"]
     assert said == sorted(said) and set(said) == {"0", "2"}  # turn 0's jobs, then turn 2's

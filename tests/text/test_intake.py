@@ -42,6 +42,29 @@ def test_every_sentence_punctuation_completes_the_word_at_once(last):
     assert not intake.pending
 
 
+@pytest.mark.parametrize("first", ["Sure,", "Well;", "Note:", "Okay,", "Yes,\"", "Hmm…", "First,"])
+def test_a_word_ending_a_clause_is_complete_at_once(first):
+    """Issue 22.3: a first word that ends in , ; : does not wait for the next token (at a line's
+    start too, where a short word might be a list marker)."""
+    intake = TextIntake()
+    assert intake.push(first) == [first]
+    assert not intake.pending
+    intake = TextIntake()
+    intake.push("Thank you")
+    assert intake.push(" " + first.lower()) == ["you", first.lower()]
+    assert not intake.pending
+
+
+@pytest.mark.parametrize("held", ["3,", "10:", "3.", "https:", "http:", "U.", "a,"])
+def test_what_may_go_on_waits(held):
+    """Digits before , . : may continue ("3,000", "10:30", "3.14"), a URL scheme waits for its
+    "//", a single letter may be an initial."""
+    intake = TextIntake()
+    given = intake.push("It is ") + intake.push(held)
+    assert given == ["It", "is"] and intake.pending
+    assert intake.settle() == [held]
+
+
 def test_chunks_abutting_across_a_sentence_end_are_two_sentences_never_a_dot():
     words = flat(feed(["Let me check that for you.", "Your order ships on Friday."]))
     assert words == ["Let", "me", "check", "that", "for", "you.", "Your", "order", "ships", "on", "Friday."]

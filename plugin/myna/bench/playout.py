@@ -152,7 +152,7 @@ def speech_48k(seconds: float = 12.0) -> tuple[np.ndarray, str]:
         engine._load()
         text = ("Sure, I can help with that: your table for four is booked at seven tonight. "
                 "Would you like me to send a reminder an hour before, or add a note for the kitchen?")
-        pcm, _ = engine.synthesize_clause(text)
+        pcm, _ = engine.synthesize_unit(text)
         x = soxr.resample(pcm.astype(np.float32), engine.sample_rate, 48_000)
         source = f"piper {engine.voice_name}"
     except Exception:  # the voice is optional here

