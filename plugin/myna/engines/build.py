@@ -69,6 +69,7 @@ class EngineOptions:
     fallback_stall_ms: float = STALL_MS
     phrase_cache_mb: float = 0.0
     phrase_cache_warm: str | None = None
+    workers: int | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "EngineOptions":
@@ -127,12 +128,26 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, engines: str | None
                    help="switch when a turn's first audio has not come MS after its first word (default: %(default)s)")
     g.add_argument("--fallback-stall-ms", type=milliseconds, default=STALL_MS, metavar="MS",
                    help="silence mid-turn, while words wait, before the switch (default: %(default)s)")
+    g.add_argument("--workers", type=positive_int, default=None, metavar="N",
+                   help="Piper synthesis threads shared by every session (default: all cores but one, at least one: "
+                        "the event loop paces the packets)")
     g.add_argument("--phrase-cache-mb", type=megabytes, default=phrase_cache_mb, metavar="MB",
                    help="memory bound of the phrase cache (synthesised units kept in memory), MB; 0 turns it off "
                         "(default: %(default)s)")
     g.add_argument("--phrase-cache-warm", metavar="FILE",
                    help="phrases to synthesise into the cache at start-up, one per line, before the process is ready "
                         "(default: the package's list of common openings; 'none': no warm-up)")
+
+
+def positive_int(value: str) -> int:
+    """argparse type: an integer of at least 1."""
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{value} is less than 1")
+    return n
 
 
 def milliseconds(value: str) -> float:
@@ -251,7 +266,7 @@ def build_engines(options: EngineOptions) -> Engines:
         if name not in ENGINE_NAMES:
             raise EngineOptionsError(f"unknown engine {name!r} (available: {', '.join(ENGINE_NAMES)})")
         if name in VARIANT_NAMES:
-            piper = piper or PiperEngine()
+            piper = piper or PiperEngine(workers=options.workers)
             engines[name] = piper if name == "piper" else piper.variant(name, VARIANT_NAMES[name])
         elif name == "dsm":
             require("dsm")

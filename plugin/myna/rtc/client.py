@@ -2,8 +2,16 @@
 
 It connects the way a browser does (``POST /api/offer``, a ``"myna"`` data channel, one
 receive-only audio transceiver, no STUN), streams a turn's text as token-sized chunks at a
-chosen rate, records the decoded audio with arrival times, and measures perceived TTFA on the
-received samples by the method of DESIGN.md §4.
+chosen rate, records the decoded audio with arrival times, and measures TTFA on the received
+samples by the method of DESIGN.md §4, two ways:
+
+- **arrival TTFA**: first chunk sent → the arrival of the RTP packet that carries the first
+  audible sample (plus the onset's place in it): the packet decoded as it arrives, with no
+  receive jitter buffer (the convention of Coval's TTS benchmarks, and how the issue-22 table
+  measures every system);
+- **perceived TTFA**: the same onset when aiortc's receiver hands the decoded frame out, after
+  its jitter buffer has held 4 packets (~80 ms on a quiet loopback; what the benchmarks
+  reported before arrival TTFA).
 """
 
 from __future__ import annotations
@@ -110,8 +118,11 @@ class TurnResult:
         turn_id: the turn.
         events: data-channel events of the turn, in arrival order.
         pcm: int16 mono samples at 48 kHz received from the first chunk sent to ``turn_done``.
-        perceived_ttfa_ms: first chunk sent → first audible received sample (None if silent).
+        perceived_ttfa_ms: first chunk sent → first audible sample out of aiortc's jitter
+            buffer (None if silent).
         server_ttfa_ms: from the ``first_audio`` event (None if there was none).
+        arrival_ttfa_ms: first chunk sent → arrival of the packet with the first audible
+            sample (None if silent; the perceived figure where arrivals were not recorded).
     """
 
     turn_id: str
@@ -119,6 +130,7 @@ class TurnResult:
     pcm: np.ndarray
     perceived_ttfa_ms: float | None
     server_ttfa_ms: float | None
+    arrival_ttfa_ms: float | None = None
 
     def event_types(self) -> list[str]:
         return [e["type"] for e in self.events]
@@ -148,6 +160,7 @@ class MynaClient:
     ready: dict | None = field(init=False, default=None)
     frames: list[tuple[float, np.ndarray]] = field(init=False, default_factory=list)
     frame_pts: list[int] = field(init=False, default_factory=list)
+    frame_arrivals: list[float] = field(init=False, default_factory=list)  # each frame's packet's arrival (monotonic s)
     history: list[dict] = field(init=False, default_factory=list)  # every event, in arrival order
 
     async def __aenter__(self) -> "MynaClient":
@@ -171,7 +184,7 @@ class MynaClient:
         self.pc = RTCPeerConnection(rtc_configuration())
         self.channel = self.pc.createDataChannel("myna")
         self.channel.on("message", self._on_message)
-        self.pc.addTransceiver("audio", direction="recvonly")
+        self._watch_arrivals(self.pc.addTransceiver("audio", direction="recvonly").receiver)
         self._recorder: asyncio.Task | None = None
 
         @self.pc.on("track")
@@ -208,13 +221,31 @@ class MynaClient:
         self.history.append(event)
         self.events.put_nowait(event)
 
+    def _watch_arrivals(self, receiver) -> None:
+        """Note when each RTP packet arrives (by its timestamp, which its decoded frame keeps as
+        ``pts``), before aiortc's jitter buffer holds it. aiortc has no public hook for this:
+        the receiver's packet handler is wrapped (aiortc 1.x ``RTCRtpReceiver._handle_rtp_packet``);
+        without it, arrival TTFA falls back to the decoded figure."""
+        self._arrivals: dict[int, float] = {}
+        handle = getattr(receiver, "_handle_rtp_packet", None)
+        if handle is None:
+            return
+
+        async def on_packet(packet, arrival_time_ms):
+            self._arrivals.setdefault(packet.timestamp, time.monotonic())
+            await handle(packet, arrival_time_ms)
+
+        receiver._handle_rtp_packet = on_packet
+
     async def _record(self, track) -> None:
         try:
             while True:
                 frame = await track.recv()
+                now = time.monotonic()
                 pcm = frame.to_ndarray().reshape(-1, len(frame.layout.channels))[:, 0].copy()
-                self.frames.append((time.monotonic(), pcm))
+                self.frames.append((now, pcm))
                 self.frame_pts.append(frame.pts)
+                self.frame_arrivals.append(min(now, self._arrivals.pop(frame.pts, now)))
         except MediaStreamError:
             pass
 
@@ -261,7 +292,7 @@ class MynaClient:
         if quiet_tail_s is not None:
             await self._until_quiet(start, quiet_tail_s, timeout)
         frames = self.frames[start:]
-        return measure_turn(turn_id, events, frames, t0)
+        return measure_turn(turn_id, events, frames, t0, self.frame_arrivals[start : start + len(frames)])
 
     async def _until_quiet(self, start: int, quiet_s: float, timeout: float, silent_s: float = 10.0) -> None:
         """Wait until audio was heard since frame ``start`` and its last ``quiet_s`` is
@@ -292,25 +323,29 @@ class MynaClient:
             self._recorder.cancel()
 
 
-def measure_turn(turn_id: str, events: list[dict], frames: list[tuple[float, np.ndarray]], t0: float) -> TurnResult:
+def measure_turn(turn_id: str, events: list[dict], frames: list[tuple[float, np.ndarray]], t0: float,
+                 arrivals: list[float] | None = None) -> TurnResult:
     """A turn's result from its events and the audio received since its first chunk.
 
     Args:
-        frames: ``(arrival, pcm)`` pairs, ``arrival`` on the monotonic clock (s), ``pcm``
-            int16 mono at 48 kHz, in arrival order.
+        frames: ``(decoded, pcm)`` pairs, ``decoded`` when the receiver handed the frame out
+            (monotonic clock, s), ``pcm`` int16 mono at 48 kHz, in order.
         t0: when the turn's first text chunk was sent (monotonic s).
+        arrivals: when each frame's packet arrived (monotonic s; None: not recorded).
     """
     pcm = np.concatenate([f for _, f in frames]) if frames else np.zeros(0, np.int16)
     onset = first_audible_sample(pcm, SAMPLE_RATE)
-    perceived = None
+    perceived = arrival = None
     if onset is not None:
-        # The frame that carries the onset arrived at `arrival`; the onset plays that much
-        # later within it.
+        # The frame that carries the onset came at `decoded`; the onset plays that much later
+        # within it.
         offset = 0
-        for arrival, f in frames:
+        for i, (decoded, f) in enumerate(frames):
             if onset < offset + len(f):
-                perceived = 1000.0 * (arrival - t0 + (onset - offset) / SAMPLE_RATE)
+                within = (onset - offset) / SAMPLE_RATE
+                perceived = 1000.0 * (decoded - t0 + within)
+                arrival = 1000.0 * (arrivals[i] - t0 + within) if arrivals and i < len(arrivals) else perceived
                 break
             offset += len(f)
     server = next((e["server_ttfa_ms"] for e in events if e["type"] == "first_audio"), None)
-    return TurnResult(turn_id, events, pcm, perceived, server)
+    return TurnResult(turn_id, events, pcm, perceived, server, arrival)
