@@ -12,7 +12,7 @@ threads (:class:`~myna.engines.vits.SplitVoice`): its latent, once and whole (th
 prosody is the sentence's: a unit is never cut for compute), then its audio in chunks of
 latent frames decoded with context on each side, so no join is heard. The first chunk of a turn
 is small (:data:`FIRST_CHUNK_FRAMES`, 93 ms of audio) and chunks grow to
-:data:`CHUNK_FRAMES` (557 ms), so the first syllable waits for the unit's latent and one small
+:data:`CHUNK_FRAMES` (1.1 s), so the first syllable waits for the unit's latent and one small
 chunk, and later chunks are cheap per second of audio.
 
 Scheduling: every session's and every strategy's jobs share one
@@ -73,9 +73,12 @@ FIRST_PHRASE_WAIT_S = 0.25
 #: Latent frames (11.6 ms each at 22.05 kHz) of a turn's first audio chunk: what the first
 #: syllable waits for after the unit's latent (~11 ms of decoding on one thread here).
 FIRST_CHUNK_FRAMES = 8
-#: Frames of the chunks after it: each chunk doubles until this size (the decoder's context is
-#: then 2 × 8 frames on 48: the chunked decode costs about what decoding the unit whole does).
-CHUNK_FRAMES = 48
+#: Frames of the chunks after it: each chunk doubles until this size. The decoder's context
+#: (2 × 8 frames) is paid per chunk: a 24-word sentence decoded in chunks of 48 frames cost
+#: 24 % more decoder time than decoded whole, in chunks of 96 12 % (one onnxruntime thread,
+#: measured here); a chunk of 96 frames is ~60–110 ms of compute, the most a waiting first
+#: unit waits behind per thread.
+CHUNK_FRAMES = 96
 #: Synthesised at start-up (after a first run that pays for set-up): the voice's loudness.
 WARM_UP_TEXTS = ("Hello there.", "The voice is loaded, warmed up and ready to speak to you now.")
 _SILENCE = 0.003  # |sample| below this counts as silence when trimming the turn's start
@@ -298,8 +301,6 @@ def _proportional_starts(words: list[str], n_samples: int) -> list[int]:
     return [int(e * n_samples) for e in edges]
 
 
-
-
 @dataclass(frozen=True)
 class _Unit:
     """One unit of a turn: the written words (captions) and what the voice reads for each."""
@@ -395,7 +396,7 @@ class PiperStream(SynthesisStream):
     break before the turn's first words is dropped: it would only delay them). A unit cut
     mid-phrase (the first phrase early, a clause without punctuation at the chunker's bound)
     keeps :data:`JOIN_MS` of its trailing silence and the next unit :data:`JOIN_LEAD_MS` of its
-    leading silence, so no pause is heard where the text has none (:class:`_Edges`).
+    leading silence, so no pause is heard where the text has none (:class:`_UnitOut`).
 
     Each unit is a latent job (:meth:`PiperEngine.encode_unit`) and chunk jobs
     (:meth:`PiperEngine.render`): the turn's first chunk :data:`FIRST_CHUNK_FRAMES`, each next

@@ -222,16 +222,20 @@ class MynaClient:
         self.events.put_nowait(event)
 
     def _watch_arrivals(self, receiver) -> None:
-        """Note when each RTP packet arrives (by its timestamp, which its decoded frame keeps as
-        ``pts``), before aiortc's jitter buffer holds it. aiortc has no public hook for this:
-        the receiver's packet handler is wrapped (aiortc 1.x ``RTCRtpReceiver._handle_rtp_packet``);
+        """Note when each RTP packet arrives, by its RTP timestamp, before aiortc's jitter
+        buffer holds it. A decoded frame's ``pts`` is its packet's timestamp less the first
+        packet's (aiortc's timestamp mapper). aiortc has no public hook for this: the
+        receiver's packet handler is wrapped (aiortc 1.x ``RTCRtpReceiver._handle_rtp_packet``);
         without it, arrival TTFA falls back to the decoded figure."""
         self._arrivals: dict[int, float] = {}
+        self._first_timestamp: int | None = None
         handle = getattr(receiver, "_handle_rtp_packet", None)
         if handle is None:
             return
 
         async def on_packet(packet, arrival_time_ms):
+            if self._first_timestamp is None:
+                self._first_timestamp = packet.timestamp
             self._arrivals.setdefault(packet.timestamp, time.monotonic())
             await handle(packet, arrival_time_ms)
 
@@ -245,7 +249,8 @@ class MynaClient:
                 pcm = frame.to_ndarray().reshape(-1, len(frame.layout.channels))[:, 0].copy()
                 self.frames.append((now, pcm))
                 self.frame_pts.append(frame.pts)
-                self.frame_arrivals.append(min(now, self._arrivals.pop(frame.pts, now)))
+                rtp = ((self._first_timestamp or 0) + frame.pts) & 0xFFFFFFFF
+                self.frame_arrivals.append(min(now, self._arrivals.pop(rtp, now)))
         except MediaStreamError:
             pass
 
