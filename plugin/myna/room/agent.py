@@ -88,39 +88,44 @@ class Outbox:
 class Captions:
     """Turns as LiveKit transcription segments: one ``lk.transcription`` text stream per turn.
 
-    Attributes follow LiveKit Agents (``lk.segment_id`` = the turn_id, ``lk.transcribed_track_id``
-    = Myna's track, ``lk.transcription_final`` "false" then "true"), so LiveKit's front-end
-    components show them as captions. Words are written as they are about to be heard (the
-    ``word`` events), each followed by a space; the stream closes final at ``turn_done``.
+    Attributes follow LiveKit Agents (``lk.segment_id`` = an id no other segment in the room
+    has, :meth:`~myna.room.routing.Router.segment_id`; ``lk.transcribed_track_id`` = Myna's
+    track as published now, so it follows a republish after a full reconnect;
+    ``lk.transcription_final`` "false" then "true"), so LiveKit's front-end components show them
+    as captions; ``myna.turn_id`` and ``myna.participant`` name the turn and its sender. Words
+    are written as they are about to be heard (the ``word`` events), each followed by a space;
+    the stream closes final at ``turn_done``.
+
+    Args:
+        participant: Myna's local participant.
+        track_sid: returns the SID of Myna's track as published now.
     """
 
-    def __init__(self, participant: rtc.LocalParticipant, track_sid: str):
+    def __init__(self, participant: rtc.LocalParticipant, track_sid: Callable[[], str]):
         self._participant = participant
         self._track_sid = track_sid
-        self._writers: dict[str, tuple[rtc.TextStreamWriter, str]] = {}  # key → (writer, turn_id)
+        self._writers: dict[str, tuple[rtc.TextStreamWriter, dict[str, str]]] = {}  # segment → (writer, attributes)
 
-    def _attributes(self, turn_id: str, final: bool) -> dict[str, str]:
-        return {"lk.segment_id": turn_id, "lk.transcribed_track_id": self._track_sid,
-                "lk.transcription_final": "true" if final else "false"}
+    async def word(self, segment: str, identity: str, turn_id: str, word: str) -> None:
+        """Write ``word`` to ``segment`` (opened on its first word), the caption of ``identity``'s turn."""
+        if segment not in self._writers:
+            attributes = {"lk.segment_id": segment, "lk.transcribed_track_id": self._track_sid(),
+                          "myna.turn_id": turn_id, "myna.participant": identity}
+            writer = await self._participant.stream_text(
+                topic=TOPIC_TRANSCRIPTION, attributes={**attributes, "lk.transcription_final": "false"})
+            self._writers[segment] = (writer, attributes)
+        await self._writers[segment][0].write(word + " ")
 
-    async def word(self, key: str, turn_id: str, word: str) -> None:
-        """Write ``word`` to the segment of turn ``key`` (opening it on its first word)."""
-        if key not in self._writers:
-            writer = await self._participant.stream_text(topic=TOPIC_TRANSCRIPTION,
-                                                         attributes=self._attributes(turn_id, final=False))
-            self._writers[key] = (writer, turn_id)
-        await self._writers[key][0].write(word + " ")
-
-    async def final(self, key: str, turn_id: str) -> None:
-        """Close turn ``key``'s segment as final (a turn without words has none)."""
-        writer, _ = self._writers.pop(key, (None, None))
+    async def final(self, segment: str) -> None:
+        """Close ``segment`` as final (a turn without words has none)."""
+        writer, attributes = self._writers.pop(segment, (None, None))
         if writer is not None:
-            await writer.aclose(attributes=self._attributes(turn_id, final=True))
+            await writer.aclose(attributes={**attributes, "lk.transcription_final": "true"})
 
     async def aclose(self) -> None:
         """Close every open segment as final."""
-        for key, (_, turn_id) in list(self._writers.items()):
-            await self.final(key, turn_id)
+        for segment in list(self._writers):
+            await self.final(segment)
 
 
 class RoomAgent:
@@ -183,7 +188,7 @@ class RoomAgent:
         track = rtc.LocalAudioTrack.create_audio_track(TRACK_NAME, self._source)
         self.publication = await local.publish_track(
             track, rtc.TrackPublishOptions(source=rtc.TrackSource.SOURCE_MICROPHONE))
-        self._captions = Captions(local, self.publication.sid)
+        self._captions = Captions(local, self.track_sid)
         local.register_rpc_method(RPC_INTERRUPT, self._on_interrupt_rpc)
         await local.set_attributes({**self.attributes, READY_ATTRIBUTE: "true"})
         for participant in self.room.remote_participants.values():
@@ -191,6 +196,14 @@ class RoomAgent:
                 self._send_ready(participant.identity)
         log.info("joined room %r as %r (speaking for %s)", self.room.name, local.identity,
                  ", ".join(sorted(self.speak_for)) if self.speak_for else "everyone")
+
+    def track_sid(self) -> str:
+        """The SID of Myna's track as published now (a full reconnect republishes it under a new one)."""
+        for publication in self.room.local_participant.track_publications.values():
+            if publication.name == TRACK_NAME:
+                self.publication = publication
+                return publication.sid
+        return self.publication.sid if self.publication is not None else ""
 
     def _new_output(self, session: Session) -> SourceOutput:
         self.output = SourceOutput.for_session(session, self._source)
@@ -325,9 +338,11 @@ class RoomAgent:
             payload, reliable=True, destination_identities=[identity], topic=TOPIC_EVENTS))
         if self._captions is None:  # (before start: nothing has been heard yet)
             return
-        if isinstance(event, Word):
-            key = f"{identity}\n{event.turn_id}"
-            self._outbox.put(lambda: self._captions.word(key, event.turn_id, event.word))
-        elif isinstance(event, TurnDone):
-            key = f"{identity}\n{event.turn_id}"
-            self._outbox.put(lambda: self._captions.final(key, event.turn_id))
+        if isinstance(event, (Word, TurnDone)):
+            segment = self.router.segment_id(identity, event.turn_id)
+            if segment is None:
+                return
+            if isinstance(event, Word):
+                self._outbox.put(lambda: self._captions.word(segment, identity, event.turn_id, event.word))
+            else:
+                self._outbox.put(lambda: self._captions.final(segment))

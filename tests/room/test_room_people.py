@@ -1,0 +1,133 @@
+"""Rooms as people use them (issue 23), against a real livekit-server: several speakers at
+once, a listener who drops and comes back, two Mynas dispatched to one room, a full reconnect,
+a text stream that never closes, shutdown mid-turn, and a worker offered more rooms than it takes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+import pytest
+from livekit import api
+
+from myna.bench.livekit_server import DEV_KEY, DEV_SECRET
+from myna.bench.room_client import RoomClient
+from tests.e2e.test_serve import SENTENCES
+from myna.limits import Limits
+from myna.sessions import Sessions
+from tests.room.support import Myna, myna_in_room, room_name, token
+
+pytestmark = [pytest.mark.network, pytest.mark.asyncio(loop_scope="module")]
+
+
+async def test_sigterm_mid_turn_drains_past_the_frameworks_shutdown_timeout(livekit_node):
+    """livekit-agents gives a job's entry point 15 s once the job is asked to shut down; a turn
+    longer than that still finishes within --drain-timeout, and the log says so."""
+    worker = Myna("worker", "--url", livekit_node.url, "--agent-name", "myna-long-drain", "--drain-timeout", "40")
+    try:
+        await worker.wait_for("registered as agent 'myna-long-drain'")
+        room = room_name()
+        async with RoomClient(livekit_node.url, token(room, "alice", agent_dispatch="myna-long-drain")) as client:
+            turn_id, _, sender = await client.start_turn(" ".join(SENTENCES + SENTENCES[:2]), tokens_per_s=None)
+            await client.next_event("first_audio", timeout=60)
+            t_signal = time.monotonic()
+            worker.proc.send_signal(signal.SIGTERM)
+            events = await client.turn_events(turn_id, timeout=90)
+            await sender
+            drained_s = time.monotonic() - t_signal
+        done = events[-1]
+        assert done["type"] == "turn_done" and not done.get("interrupted") and done["audio_ms"] > 20000, done
+        assert drained_s > 16.0  # past livekit-agents' 15 s
+        assert await worker.exit_code(timeout=60) == 0
+        log = worker.output()
+        assert "draining: 1 session(s) speaking, up to 40 s" in log and "drained: every turn finished" in log, log[-3000:]
+    finally:
+        worker.stop()
+
+
+def spoken(client: RoomClient, turn_id: str) -> list[str]:
+    return [e["word"] for e in client.history if e.get("turn_id") == turn_id and e["type"] == "word"]
+
+
+async def test_two_senders_at_once_each_turn_is_spoken_whole_in_the_order_it_began(livekit_node, engine):
+    """A streams an 8-word reply; B starts one 150 ms later. Before: B's first chunk ended A's
+    turn (A's later chunks refused turn_ended, 3 of 8 words spoken)."""
+    room = room_name()
+    async with myna_in_room(livekit_node, room, engine) as agent:
+        async with RoomClient(livekit_node.url, token(room, "alice")) as a, \
+                RoomClient(livekit_node.url, token(room, "bob")) as b:
+            turn_a, _, sending_a = await a.start_turn("Our train leaves at seven, so pack tonight.", tokens_per_s=10)
+            await asyncio.sleep(0.15)
+            turn_b, _, sending_b = await b.start_turn("Thank you for calling today.", tokens_per_s=10)
+            done_a = (await a.turn_events(turn_a))[-1]
+            done_b = (await b.turn_events(turn_b))[-1]
+            await asyncio.gather(sending_a, sending_b)
+            await captions_final(a, 2)
+            track = agent.publication.sid
+    for client in (a, b):
+        assert not [e for e in client.history if e["type"] == "error"], client.history
+    assert not done_a.get("interrupted") and not done_b.get("interrupted")
+    assert len(spoken(a, turn_a)) == 8 and len(spoken(b, turn_b)) == 5, (spoken(a, turn_a), spoken(b, turn_b))
+    # One track, so the turns queue: A's turn (first chunk first) plays out before B's is
+    # heard: B's first audio comes at least A's audio after B's first chunk.
+    first_b = next(e for e in b.history if e["type"] == "first_audio")
+    assert first_b["server_ttfa_ms"] > done_a["audio_ms"] - 650, (first_b, done_a)
+    assert a.caption(turn_a).text.split() == spoken(a, turn_a) and b.caption(turn_b).text.split() == spoken(b, turn_b)
+    assert all(s.track_id == track for s in a.segments.values())
+
+
+async def captions_final(client: RoomClient, count: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not (len(client.segments) == count and all(s.final for s in client.segments.values())):
+        assert time.monotonic() < deadline, client.segments
+        await asyncio.sleep(0.05)
+
+
+async def test_caption_segment_ids_are_unique_in_the_room_when_senders_share_turn_ids(livekit_node, engine):
+    """Two senders both call their turn "1" (contract messages on topic myna). Before: both
+    captions had lk.segment_id "1", and front-ends showed one replacing the other."""
+    room = room_name()
+    async with myna_in_room(livekit_node, room, engine):
+        async with RoomClient(livekit_node.url, token(room, "alice")) as a, \
+                RoomClient(livekit_node.url, token(room, "bob")) as b:
+            for client, text in ((a, "Good morning."), (b, "Good night.")):
+                await client.send({"type": "text", "turn_id": "1", "text": text})
+                await client.send({"type": "end_turn", "turn_id": "1"})
+            await a.turn_events("1")
+            await b.turn_events("1")
+            await captions_final(a, 2)
+            await captions_final(b, 2)
+    ids = [s.segment_id for s in a.segments.values()]
+    assert len(set(ids)) == 2 and "1" not in ids and all(i.startswith("SG_") for i in ids), ids
+    assert set(b.segments) == set(a.segments)  # every participant sees the same two segments
+    assert a.caption("1").text.split() == ["Good", "morning"] and b.caption("1").text.split() == ["Good", "night"]
+
+
+async def test_a_text_stream_that_never_closes_ends_after_the_idle_bound_and_the_room_is_idle_again(livekit_node, engine):
+    """The sender writes one chunk and never closes its stream (crashed, trailer lost). Before:
+    no turn_done ever, and the room counted as speaking forever."""
+    room = room_name()
+    sessions = Sessions(limits=Limits(turn_idle_s=1.0))
+    async with myna_in_room(livekit_node, room, engine, sessions=sessions) as agent:
+        async with RoomClient(livekit_node.url, token(room, "alice")) as client:
+            writer = await client.room.local_participant.stream_text(
+                topic="myna.text", stream_id="open", destination_identities=[client.myna().identity])
+            await writer.write("This stream is never closed")
+            t0 = time.monotonic()
+            events = await client.turn_events("open", timeout=30)
+            waited = time.monotonic() - t0
+            idle = [e for e in events if e["type"] == "error"]
+            assert idle and idle[0]["code"] == "turn_idle" and idle[0]["turn_id"] == "open", events
+            done = events[-1]
+            assert done["type"] == "turn_done" and not done.get("interrupted"), done
+            assert [e["word"] for e in events if e["type"] == "word"] == ["This", "stream", "is", "never", "closed"]
+            assert 1.0 <= waited < 15.0
+            assert not agent.router.speaking() and sessions.speaking() == 0
+            # The room goes on: a chunk on the stale stream is refused, a new turn speaks.
+            await writer.write(" more")
+            refused = await client.next_event("error")
+            assert refused["code"] == "turn_ended" and refused["turn_id"] == "open"
+            result = await client.speak("Hello again.", tokens_per_s=None)
+            assert result.events[-1]["type"] == "turn_done"
