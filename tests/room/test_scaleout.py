@@ -1,8 +1,8 @@
 """Scale-out with LiveKit itself: two server nodes sharing Redis, two ``myna worker``s.
 
 Each worker registers with a different node; dispatch travels on the Redis-backed bus, so
-either worker can serve a room hosted on either node. Workers run with capacity 1, so a worker
-that is speaking reports load 1 and the server sends new rooms to the other one.
+either worker can serve a room hosted on either node. Workers run with capacity 1 (room), so a worker
+that serves a room reports load 1 and the server sends new rooms to the other one.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class Worker:
     def __init__(self, node):
         self.http_port = free_port()
         self.myna = Myna("worker", "--url", node.url, "--agent-name", AGENT, "--capacity", "1",
-                         "--http-port", str(self.http_port))
+                         "--departure-timeout", "0", "--http-port", str(self.http_port))
 
     async def registered(self) -> str:
         await self.myna.wait_for("registered as agent")

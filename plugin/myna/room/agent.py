@@ -17,9 +17,16 @@ other applications in the room and only get a debug log line.
 Lifetime: :meth:`RoomAgent.attach` before ``room.connect`` (stream handlers must exist before
 the first stream arrives), :meth:`RoomAgent.start` after it, then :meth:`RoomAgent.run` until
 the room disconnects (closed, server gone, removed), :meth:`RoomAgent.stop` is called, or, with
-``leave_when_empty``, the last participant other than agents leaves (an agent dispatched into
-an empty room waits for someone to come and go). :meth:`RoomAgent.close`
-releases everything: turns, the pacer, the track, the room connection.
+``leave_when_empty``, ``departure_timeout`` seconds after the last participant other than
+agents left with no one back meanwhile (a reload, a dropped connection that comes back: Myna
+is still there; an agent dispatched into an empty room waits for someone to come and go).
+:meth:`RoomAgent.close` releases everything: turns, the pacer, the track, the room connection.
+
+One Myna per room: Myna instances recognise each other (participant attribute ``myna.ready``,
+or the same ``lk.agent.name`` as this one's); of those in the room, the one that joined first
+(``joined_at``, then SID) serves it, and any other steps aside: it leaves without publishing,
+or, when it learns of an earlier one only later (two joins at once), as soon as it does
+(:attr:`RoomAgent.stepped_aside`).
 """
 
 from __future__ import annotations
@@ -53,6 +60,10 @@ TRACK_NAME = "myna"
 #: hang when the server is gone; livekit.md §5 item 12).
 DISCONNECT_TIMEOUT = 5.0
 _ACTIVE = 2  # ParticipantState.PARTICIPANT_STATE_ACTIVE
+#: Seconds Myna stays after the last participant other than agents left (LiveKit's own default
+#: ``departure_timeout`` for a room).
+DEPARTURE_TIMEOUT = 20.0
+AGENT_NAME_ATTRIBUTE = "lk.agent.name"  # set by LiveKit on a dispatched agent, from its join
 
 
 class Outbox:
@@ -120,7 +131,8 @@ class Captions:
         """Close ``segment`` as final (a turn without words has none)."""
         writer, attributes = self._writers.pop(segment, (None, None))
         if writer is not None:
-            await writer.aclose(attributes={**attributes, "lk.transcription_final": "true"})
+            await writer.aclose(attributes={**attributes, "lk.transcribed_track_id": self._track_sid(),
+                                            "lk.transcription_final": "true"})
 
     async def aclose(self) -> None:
         """Close every open segment as final."""
@@ -138,13 +150,16 @@ class RoomAgent:
         engines: engine names for the ``ready`` event.
         voice: voice name for the engine (None: its default).
         speak_for: identities allowed to speak through Myna (None: every participant).
-        leave_when_empty: end once no participant other than agents is left.
+        leave_when_empty: end once no participant other than agents is left, after
+            ``departure_timeout`` seconds with no one back.
         attributes: extra participant attributes to publish beside ``myna.ready``.
+        departure_timeout: the grace period of ``leave_when_empty`` (s; 0 leaves at once).
     """
 
     def __init__(self, room: rtc.Room, engine: Engine, sessions: Sessions, engines: list[str] | None = None,
                  voice: str | None = None, speak_for: frozenset[str] | None = None,
-                 leave_when_empty: bool = False, attributes: dict[str, str] | None = None):
+                 leave_when_empty: bool = False, attributes: dict[str, str] | None = None,
+                 departure_timeout: float = DEPARTURE_TIMEOUT):
         self.room = room
         self.engine = engine
         self.sessions = sessions
@@ -153,6 +168,9 @@ class RoomAgent:
         self.speak_for = speak_for
         self.leave_when_empty = leave_when_empty
         self.attributes = attributes or {}
+        self.departure_timeout = departure_timeout
+        #: The identity of the Myna this one stepped aside for (None: it serves the room).
+        self.stepped_aside: str | None = None
         self.router: Router | None = None
         self.output: SourceOutput | None = None
         self.publication: rtc.LocalTrackPublication | None = None
@@ -164,6 +182,7 @@ class RoomAgent:
         self._greeted: set[str] = set()  # identities sent ``ready``
         self._done = asyncio.Event()
         self._closed = False
+        self._departure: asyncio.TimerHandle | None = None
 
     # -- lifetime ---------------------------------------------------------------------------
     def attach(self) -> None:
@@ -179,11 +198,18 @@ class RoomAgent:
         self.room.register_text_stream_handler(TOPIC_TEXT, self._on_text_stream)
         self.room.on("data_received", self._on_data)
         self.room.on("participant_active", self._on_participant_active)
+        self.room.on("participant_connected", self._on_participant_connected)
+        self.room.on("participant_attributes_changed", self._on_attributes_changed)
         self.room.on("participant_disconnected", self._on_participant_disconnected)
         self.room.on("disconnected", self._on_disconnected)
 
     async def start(self) -> None:
-        """Publish the track and start listening; call once the room is connected."""
+        """Publish the track and start listening; call once the room is connected. When
+        another Myna serves the room already, step aside instead (:attr:`stepped_aside`; :meth:`run`
+        then returns at once)."""
+        if self._senior_myna() is not None:
+            self._step_aside(self._senior_myna())
+            return
         local = self.room.local_participant
         track = rtc.LocalAudioTrack.create_audio_track(TRACK_NAME, self._source)
         self.publication = await local.publish_track(
@@ -226,6 +252,8 @@ class RoomAgent:
             return
         self._closed = True
         self._done.set()
+        if self._departure is not None:
+            self._departure.cancel()
         for task in list(self._readers):
             task.cancel()
         await asyncio.gather(*self._readers, return_exceptions=True)
@@ -243,6 +271,49 @@ class RoomAgent:
             except (asyncio.TimeoutError, Exception) as exc:  # the server may be gone
                 log.warning("leaving room %r: %s", self.room.name, str(exc) or type(exc).__name__)
         log.info("left room %r", self.room.name)
+
+    # -- one Myna per room ---------------------------------------------------------------------
+    def _is_myna(self, participant: rtc.RemoteParticipant) -> bool:
+        """Whether ``participant`` is a Myna (ready, or dispatched under this one's agent name)."""
+        if participant.kind != rtc.ParticipantKind.PARTICIPANT_KIND_AGENT:
+            return False
+        mine = self.room.local_participant.attributes.get(AGENT_NAME_ATTRIBUTE)
+        return READY_ATTRIBUTE in participant.attributes or (
+            mine is not None and participant.attributes.get(AGENT_NAME_ATTRIBUTE) == mine)
+
+    @staticmethod
+    def _seniority(participant: rtc.Participant) -> tuple[float, str]:
+        joined = participant.joined_at
+        return (joined.timestamp() if joined is not None else float("inf"), participant.sid)
+
+    def _senior_myna(self) -> str | None:
+        """The identity of a Myna in the room that joined before this one, if any."""
+        me = self._seniority(self.room.local_participant)
+        seniors = [p for p in self.room.remote_participants.values() if self._is_myna(p) and self._seniority(p) < me]
+        return min(seniors, key=self._seniority).identity if seniors else None
+
+    def _step_aside(self, other: str) -> None:
+        if self.stepped_aside is None:
+            self.stepped_aside = other
+            log.info("room %r: Myna %r serves it already; stepping aside", self.room.name, other)
+            self._done.set()
+
+    def _on_participant_connected(self, participant: rtc.RemoteParticipant) -> None:
+        if self._closed:
+            return
+        if participant.kind != rtc.ParticipantKind.PARTICIPANT_KIND_AGENT and self._departure is not None:
+            log.info("room %r: %r is back; staying", self.room.name, participant.identity)
+            self._departure.cancel()
+            self._departure = None
+        self._check_seniority()
+
+    def _on_attributes_changed(self, _changed: dict[str, str], participant: rtc.Participant) -> None:
+        if not self._closed and participant is not self.room.local_participant:
+            self._check_seniority()
+
+    def _check_seniority(self) -> None:
+        if (other := self._senior_myna()) is not None:
+            self._step_aside(other)
 
     # -- in -----------------------------------------------------------------------------------
     def _on_text_stream(self, reader: rtc.TextStreamReader, identity: str) -> None:
@@ -300,9 +371,16 @@ class RoomAgent:
         if not self._closed:
             self.router.participant_left(participant.identity)
             self._greeted.discard(participant.identity)
-            if self.leave_when_empty and not self.others():
-                log.info("room %r has no one left to speak to", self.room.name)
-                self._done.set()
+            if self.leave_when_empty and not self.others() and self._departure is None:
+                log.info("room %r has no one left to speak to; leaving in %g s unless someone comes back",
+                         self.room.name, self.departure_timeout)
+                self._departure = asyncio.get_running_loop().call_later(self.departure_timeout, self._leave_if_empty)
+
+    def _leave_if_empty(self) -> None:
+        self._departure = None
+        if not self._closed and not self.others():
+            log.info("room %r: no one came back in %g s; leaving", self.room.name, self.departure_timeout)
+            self._done.set()
 
     def _on_disconnected(self, reason: int) -> None:
         self.disconnect_reason = reason
