@@ -187,7 +187,8 @@ async def agents_in(node, room: str) -> list[str]:
 
 
 async def test_two_dispatches_to_one_room_one_myna_answers_and_the_other_steps_aside(livekit_node):
-    """Each CreateDispatch adds an agent. Before: both Mynas joined and spoke every turn."""
+    """Each CreateDispatch adds an agent. Before: both Mynas joined and spoke every turn. Now the
+    worker refuses a second job for a room it serves."""
     worker = Myna("worker", "--url", livekit_node.url, "--agent-name", "myna-dup", "--capacity", "4",
                   "--departure-timeout", "0")
     try:
@@ -197,21 +198,59 @@ async def test_two_dispatches_to_one_room_one_myna_answers_and_the_other_steps_a
             await asyncio.gather(*(lk.agent_dispatch.create_dispatch(
                 api.CreateAgentDispatchRequest(agent_name="myna-dup", room=room)) for _ in range(2)))
         async with RoomClient(livekit_node.url, token(room, "alice")) as client:
-            await worker.wait_for("stepping aside", timeout=30)
-            deadline = time.monotonic() + 15
-            while len(await agents_in(livekit_node, room)) != 1:
-                assert time.monotonic() < deadline, await agents_in(livekit_node, room)
-                await asyncio.sleep(0.2)
-            writer = await client.room.local_participant.stream_text(topic="myna.text")  # to everyone
-            await writer.write("Just one voice.")
-            await writer.aclose()
-            events = await client.turn_events(writer.info.stream_id)
-            assert events[-1]["type"] == "turn_done"
-            await asyncio.sleep(1.0)
-        assert [e["type"] for e in client.history].count("turn_started") == 1, client.history
-        assert [e["type"] for e in client.history].count("ready") == 1, client.history
+            await worker.wait_for("serves it already", timeout=30)
+            await answered_once(livekit_node, room, client)
     finally:
         assert worker.stop() == 0
+
+
+async def answered_once(node, room: str, client: RoomClient) -> None:
+    """One Myna is left in ``room``, and a turn streamed to everyone gets one answer."""
+    deadline = time.monotonic() + 15
+    while len(await agents_in(node, room)) != 1:
+        assert time.monotonic() < deadline, await agents_in(node, room)
+        await asyncio.sleep(0.2)
+    writer = await client.room.local_participant.stream_text(topic="myna.text")  # to everyone
+    await writer.write("Just one voice.")
+    await writer.aclose()
+    events = await client.turn_events(writer.info.stream_id)
+    assert events[-1]["type"] == "turn_done"
+    await asyncio.sleep(1.0)
+    kinds = [e["type"] for e in client.history]
+    assert kinds.count("turn_started") == 1 and kinds.count("ready") == 1, client.history
+
+
+async def test_two_mynas_joining_one_room_at_once_the_first_serves_it(livekit_node, engine):
+    """Two Mynas (agents of one name, e.g. on two workers) join one room at the same moment: the
+    one that joined first serves it, the other steps aside, whatever order they saw each other in."""
+    from livekit import rtc
+
+    from myna.room.agent import RoomAgent
+    from myna.room.tokens import participant_token
+
+    room = room_name()
+    agents = [RoomAgent(rtc.Room(), engine, Sessions(), leave_when_empty=False) for _ in range(2)]
+
+    async def join(agent: RoomAgent, identity: str) -> None:
+        agent.attach()
+        await agent.room.connect(livekit_node.url, participant_token(DEV_KEY, DEV_SECRET, room, identity, agent=True))
+        await agent.start()
+
+    await asyncio.gather(join(agents[0], "myna-a"), join(agents[1], "myna-b"))
+    runs = [asyncio.get_running_loop().create_task(a.run()) for a in agents]
+    try:
+        await eventually(lambda: sum(a.stepped_aside is not None for a in agents) == 1)
+        serving = next(a for a in agents if a.stepped_aside is None)
+        aside = next(a for a in agents if a.stepped_aside is not None)
+        assert aside.stepped_aside == serving.room.local_participant.identity
+        assert serving.room.local_participant.joined_at <= aside.room.local_participant.joined_at
+        async with RoomClient(livekit_node.url, token(room, "alice")) as client:
+            await answered_once(livekit_node, room, client)
+        assert serving.room.isconnected() and not aside.room.isconnected()
+    finally:
+        for a in agents:
+            a.stop()
+        await asyncio.gather(*runs)
 
 
 async def test_a_worker_takes_rooms_up_to_its_capacity_and_the_rest_go_to_another(livekit_node):

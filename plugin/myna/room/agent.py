@@ -215,6 +215,8 @@ class RoomAgent:
         self.publication = await local.publish_track(
             track, rtc.TrackPublishOptions(source=rtc.TrackSource.SOURCE_MICROPHONE))
         self._captions = Captions(local, self.track_sid)
+        if self.stepped_aside is not None:  # an earlier Myna showed up while the track was published
+            return
         local.register_rpc_method(RPC_INTERRUPT, self._on_interrupt_rpc)
         await local.set_attributes({**self.attributes, READY_ATTRIBUTE: "true"})
         for participant in self.room.remote_participants.values():
@@ -317,7 +319,7 @@ class RoomAgent:
 
     # -- in -----------------------------------------------------------------------------------
     def _on_text_stream(self, reader: rtc.TextStreamReader, identity: str) -> None:
-        if self._closed:
+        if self._closed or self.stepped_aside is not None:
             reader.close()
             return
         task = asyncio.get_running_loop().create_task(self._read_turn(reader, identity))
@@ -340,7 +342,7 @@ class RoomAgent:
             self.router.end_turn(identity, turn_id)
 
     def _on_data(self, packet: rtc.DataPacket) -> None:
-        if self._closed:
+        if self._closed or self.stepped_aside is not None:
             return
         if packet.participant is None:  # the server, or a sender the room has not announced yet
             log.warning("ignored a data packet on topic %r from a sender not (yet) in the room: senders "
@@ -402,7 +404,7 @@ class RoomAgent:
     def _deliver(self, identity: str, event: Event) -> None:
         """One event to ``identity`` on ``myna.events`` (``ready`` first, once); words and
         turn ends also go to captions."""
-        if self._outbox is None or self._closed:
+        if self._outbox is None or self._closed or self.stepped_aside is not None:
             return
         if identity not in self._greeted:
             self._greeted.add(identity)

@@ -17,9 +17,10 @@ the departure timeout (a listener who reloads the page finds Myna still there).
   2.5 s; the server picks a worker at random weighted by ``1 − load`` and skips a worker at
   capacity (load 1: the worker also marks itself full), so new rooms go to the less loaded
   worker; requests that come faster than the reports meet the count above.
-- **One Myna per room.** A second dispatch of this agent to a room a Myna serves already (one
-  more ``CreateDispatch``) is accepted, and its Myna steps aside at once
-  (:class:`~myna.room.agent.RoomAgent`): it leaves without publishing a track.
+- **One Myna per room.** A second dispatch of this agent to a room (one more ``CreateDispatch``)
+  is refused by a worker that serves the room already; one that reaches another worker is
+  accepted, and its Myna steps aside at once (:class:`~myna.room.agent.RoomAgent`): it leaves
+  without answering anything.
 - **One engine, many rooms.** Jobs run as threads of this process (``JobExecutorType.THREAD``),
   each room on its own event loop; they share the loaded engines through
   :class:`~myna.room.bridge.BridgedEngine`, and one :class:`~myna.sessions.Sessions` (the same
@@ -94,6 +95,7 @@ class RoomWorker:
         self._bridged = BridgedEngine(self.engines[self.engines.default], self._home)
         self._lock = threading.Lock()  # requests arrive on the home loop, rooms end on job threads
         self._accepted: set[str] = set()  # ids of the jobs accepted and not yet ended
+        self._rooms: dict[str, str] = {}  # job id → room name, of those jobs
         self.refused = 0  # job requests refused (at capacity or draining)
 
     @property
@@ -110,10 +112,17 @@ class RoomWorker:
         """Answer one job request: accept it while fewer than ``capacity`` rooms are accepted and
         the worker does not drain, else refuse it (the server offers it to another worker)."""
         with self._lock:
+            served = req.room.name in self._rooms.values()
             full = self.sessions.draining or len(self._accepted) >= self.capacity
-            if not full:
+            if not (full or served):
                 self._accepted.add(req.id)
+                self._rooms[req.id] = req.room.name
             held = len(self._accepted)
+        if served:
+            self.refused += 1
+            log.info("refused room %r: this worker serves it already (one Myna per room)", req.room.name)
+            await req.reject(terminate=False)
+            return
         if full:
             self.refused += 1
             log.info("refused room %r: %s (%d of %d rooms)", req.room.name,
@@ -130,6 +139,7 @@ class RoomWorker:
     def _release(self, job_id: str) -> None:
         with self._lock:
             self._accepted.discard(job_id)
+            self._rooms.pop(job_id, None)
 
     async def entrypoint(self, ctx: JobContext) -> None:
         """One dispatched room (runs on the job's own thread and loop)."""
