@@ -10,6 +10,8 @@ Drain: on SIGTERM or SIGINT, sessions refuse new turns and the turns speaking fi
 ``--drain-timeout``, then Myna leaves (``myna worker`` first tells the server it drains, so new
 dispatches go to other workers). A second signal exits at once.
 
+One Myna per room: ``myna room`` into a room another Myna serves steps aside (prints so, exits 0).
+
 Exit status: ``myna room`` returns 0 when it is stopped (Ctrl-C, SIGTERM) or the room ends
 (closed, deleted, Myna removed) and 1 when the join is refused (bad or expired token, no
 server) or the connection is lost. ``myna worker`` returns 0 when stopped and 1 when it cannot
@@ -51,7 +53,8 @@ def add_parsers(sub) -> None:
 
     p = sub.add_parser("worker", help="register with LiveKit and serve the rooms it dispatches",
                        description="Register with a LiveKit server for agent dispatch; join each room this "
-                                   "worker is dispatched to, until no one but agents is left in it.")
+                                   "worker is dispatched to (up to --capacity rooms), until no one but agents "
+                                   "has been in it for --departure-timeout seconds.")
     p.add_argument("--url", required=True, help="the LiveKit server's WebSocket URL, e.g. ws://127.0.0.1:7880")
     p.add_argument("--agent-name", default="myna", help="agent name to register (default: %(default)s)")
     p.add_argument("--capacity", type=int, default=None,
