@@ -170,11 +170,11 @@ async def test_a_full_reconnect_republishes_the_track_and_captions_name_the_new_
         async with RoomClient(livekit_node.url, token(room, "alice")) as client:
             old = agent.publication.sid
             await agent.room.simulate_scenario(rtc.SimulateScenarioKind.SIMULATE_FULL_RECONNECT)
-            await eventually(lambda: agent.track_sid() != old and client.track_sid == agent.track_sid(), timeout=30)
+            await eventually(lambda: agent.publication.sid != old and client.track_sid == agent.publication.sid, timeout=30)
             result = await client.speak("Still here after the reconnect.", tokens_per_s=None)
             assert result.events[-1]["type"] == "turn_done" and result.perceived_ttfa_ms is not None
-            await eventually(lambda: client.caption(result.turn_id) is not None and client.caption(result.turn_id).final)
-            assert client.caption(result.turn_id).track_id == client.track_sid != old
+            await eventually(lambda: len(client.segments) == 1 and all(s.final for s in client.segments.values()))
+            assert [s.track_id for s in client.segments.values()] == [client.track_sid] and client.track_sid != old
 
 
 async def agents_in(node, room: str) -> list[str]:
