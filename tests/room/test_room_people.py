@@ -254,12 +254,13 @@ async def test_two_mynas_joining_one_room_at_once_the_first_serves_it(livekit_no
 
 
 async def test_a_worker_takes_rooms_up_to_its_capacity_and_the_rest_go_to_another(livekit_node):
-    """Two workers of capacity 2, five rooms dispatched at once, no one speaking yet. Before: a
-    worker took every room it was offered (its load counted speaking sessions: none yet)."""
+    """Two workers of capacity 3, eight rooms dispatched at once, no one speaking yet: each takes
+    three (a burst up to capacity gets through), the other two are refused. Before: a worker took
+    every room it was offered (its load counted speaking sessions: none yet)."""
     ports = [free_port() for _ in range(2)]
-    workers = [Myna("worker", "--url", livekit_node.url, "--agent-name", "myna-cap", "--capacity", "2",
+    workers = [Myna("worker", "--url", livekit_node.url, "--agent-name", "myna-cap", "--capacity", "3",
                     "--departure-timeout", "0", "--http-port", str(port)) for port in ports]
-    rooms = [room_name() for _ in range(5)]
+    rooms = [room_name() for _ in range(8)]
     try:
         for w in workers:
             await w.wait_for("registered as agent 'myna-cap' at", timeout=90)
@@ -271,12 +272,12 @@ async def test_a_worker_takes_rooms_up_to_its_capacity_and_the_rest_go_to_anothe
                 return [len(await agents_in(livekit_node, room)) for room in rooms]
 
             deadline = time.monotonic() + 30
-            while sum(await served()) < 4:
+            while sum(await served()) < 6:
                 assert time.monotonic() < deadline, await served()
                 await asyncio.sleep(0.3)
-            await asyncio.sleep(3.0)  # (a fifth would have joined by now)
-            assert sorted(await served()) == [0, 1, 1, 1, 1], await served()
-            assert [w.output().count("accepted room") for w in workers] == [2, 2]
+            await asyncio.sleep(3.0)  # (a seventh would have joined by now)
+            assert sorted(await served()) == [0, 0, 1, 1, 1, 1, 1, 1], await served()
+            assert [w.output().count("accepted room") for w in workers] == [3, 3]
             assert [worker_load(port) for port in ports] == [1.0, 1.0]  # accepted rooms ÷ capacity, silent or not
             for room in rooms:
                 await lk.room.delete_room(api.DeleteRoomRequest(room=room))

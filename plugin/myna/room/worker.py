@@ -13,8 +13,8 @@ the departure timeout (a listener who reloads the page finds Myna still there).
   capacity measured at start-up, as ``myna serve`` measures ``--max-sessions``) and refuses job
   requests beyond it, and while it drains (:meth:`RoomWorker.request`): the server offers the
   job to another worker.
-- **Load.** :meth:`RoomWorker.load` is accepted rooms ÷ capacity. The worker reports it every
-  2.5 s; the server picks a worker at random weighted by ``1 − load`` and skips a worker at
+- **Load.** :meth:`RoomWorker.load` is started rooms ÷ capacity (livekit-agents adds the rooms
+  accepted but not started yet). The worker reports it every 2.5 s; the server picks a worker at random weighted by ``1 − load`` and skips a worker at
   capacity (load 1: the worker also marks itself full), so new rooms go to the less loaded
   worker; requests that come faster than the reports meet the count above.
 - **One Myna per room.** A second dispatch of this agent to a room (one more ``CreateDispatch``)
@@ -64,6 +64,8 @@ log = logging.getLogger(__name__)
 DEFAULT_AGENT_NAME = "myna"
 #: Participant attribute naming the worker that serves the room (its LiveKit worker id).
 WORKER_ATTRIBUTE = "myna.worker"
+#: Job threads livekit-agents keeps started ahead of dispatches (at most; see :func:`agent_server`).
+MAX_IDLE_JOB_THREADS = 8
 #: livekit-agents' loop-block monitor threshold (ms; "0" turns the monitor off).
 LOOP_MONITOR_ENV = "LIVEKIT_AGENTS_LOOP_BLOCK_WARN_MS"
 
@@ -96,6 +98,7 @@ class RoomWorker:
         self._lock = threading.Lock()  # requests arrive on the home loop, rooms end on job threads
         self._accepted: set[str] = set()  # ids of the jobs accepted and not yet ended
         self._rooms: dict[str, str] = {}  # job id → room name, of those jobs
+        self._started: set[str] = set()  # ids of the accepted jobs whose entry point runs
         self.refused = 0  # job requests refused (at capacity or draining)
 
     @property
@@ -105,8 +108,12 @@ class RoomWorker:
             return len(self._accepted)
 
     def load(self) -> float:
-        """Accepted rooms ÷ capacity, at most 1 (called from livekit-agents' thread pool)."""
-        return min(1.0, self.accepted / self.capacity)
+        """Rooms whose job has started ÷ capacity, at most 1 (called from livekit-agents' thread
+        pool). Rooms accepted but not yet started are left out: livekit-agents adds its own
+        reserved slots for those (1 ÷ capacity each once a job runs), and counting them twice
+        would refuse requests within capacity in a burst."""
+        with self._lock:
+            return min(1.0, len(self._started) / self.capacity)
 
     async def request(self, req: JobRequest) -> None:
         """Answer one job request: accept it while fewer than ``capacity`` rooms are accepted and
@@ -140,9 +147,12 @@ class RoomWorker:
         with self._lock:
             self._accepted.discard(job_id)
             self._rooms.pop(job_id, None)
+            self._started.discard(job_id)
 
     async def entrypoint(self, ctx: JobContext) -> None:
         """One dispatched room (runs on the job's own thread and loop)."""
+        with self._lock:
+            self._started.add(ctx.job.id)
         try:
             agent = RoomAgent(ctx.room, self._bridged, self.sessions, engines=list(self.engines),
                               voice=self.engines.voice_for(self.engines.default), speak_for=self.speak_for,
@@ -189,7 +199,10 @@ def agent_server(worker: RoomWorker, url: str, key: str, secret: str, agent_name
         ws_url=url, api_key=key, api_secret=secret,
         job_executor_type=JobExecutorType.THREAD,
         load_fnc=worker.load, load_threshold=1.0,
-        num_idle_processes=2,
+        # livekit-agents reserves 1 / num_idle_processes of its load threshold per accepted job
+        # while none has started yet: one idle job thread per room of capacity (up to 8) lets a
+        # burst of dispatches up to capacity through (with 2, a third at once was refused).
+        num_idle_processes=min(worker.capacity, MAX_IDLE_JOB_THREADS),
         host="127.0.0.1", port=http_port, max_retry=max_retry,
         drain_timeout=math.ceil(drain_timeout) + 30, shutdown_process_timeout=drain_timeout + 15.0,
     )
