@@ -200,11 +200,16 @@ async def measure_capacity(engine: Engine, streams: int = 4, utilisation: float 
     """Sessions ``engine`` can keep speaking continuously on this host, measured now.
 
     Synthesises :data:`CAPACITY_TEXT` on ``streams`` concurrent streams and returns
-    ``floor(utilisation × audio seconds produced / wall seconds)``, at least 1.
+    ``floor(utilisation × audio seconds produced / wall seconds)``, at least 1. It measures
+    through :meth:`~myna.engines.base.Engine.warms_through`, as the phrase cache's warm-up does:
+    a fallback's primary, whose breaker must not count these turns (4 streams at once can be
+    more than the primary keeps up with, which opened the breaker for the first 30 s of service).
 
     Raises:
         EngineError: when the engine fails to synthesise.
     """
+
+    engine = engine.warms_through
 
     async def one() -> float:
         stream = engine.stream(None, group=object())
