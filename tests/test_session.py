@@ -234,3 +234,46 @@ class ToneLong(Engine):
                 self._finish()
 
         return Words()
+
+
+async def test_a_turn_whose_input_goes_quiet_ends_as_end_turn_would_and_the_session_is_idle_again():
+    """Issue 23, case 7, for every door: a sender that never ends its turn (crashed, trailer lost)."""
+    from myna.limits import Limits
+
+    sent = []
+    session = unpaced(sent, limits=Limits(turn_idle_s=0.2))
+    session.receive(json.dumps({"type": "text", "turn_id": "a", "text": "one two "}))
+    await asyncio.sleep(0.1)
+    session.receive(json.dumps({"type": "text", "turn_id": "a", "text": "three"}))  # text resets the bound
+    await asyncio.sleep(0.15)
+    assert not [e for e in sent if e["type"] == "error"]
+    await asyncio.sleep(0.3)
+    errors = [e for e in sent if e["type"] == "error"]
+    assert [(e["code"], e["turn_id"]) for e in errors] == [("turn_idle", "a")]
+    assert sent[-1]["type"] == "turn_done" and not sent[-1].get("interrupted")
+    assert [e["word"] for e in sent if e["type"] == "word"] == ["one", "two", "three"]
+    assert not session.busy
+    await session.close()
+
+
+async def test_a_new_turn_ends_only_its_own_senders_open_turn():
+    """Issue 23, case 1, in the core: with senders named, B's turn queues behind A's open turn."""
+    from myna.messages import EndTurn, Text
+
+    sent = []
+    session = unpaced(sent)
+    session.handle(Text("a", "one two "), "alice")
+    session.handle(Text("b", "three "), "bob")  # another sender: "a" stays open
+    session.handle(Text("a", "four"), "alice")
+    assert not [e for e in sent if e["type"] == "error"]
+    session.handle(Text("c", "five"), "alice")  # alice's new turn ends alice's "a"
+    session.handle(Text("a", "six"), "alice")
+    assert [(e["code"], e["turn_id"]) for e in sent if e["type"] == "error"] == [("turn_ended", "a")]
+    for turn_id, who in (("b", "bob"), ("c", "alice")):
+        session.handle(EndTurn(turn_id), who)
+    await asyncio.sleep(0.1)
+    done = [e["turn_id"] for e in sent if e["type"] == "turn_done"]
+    assert done == ["a", "b", "c"]
+    words = {t: [e["word"] for e in sent if e["type"] == "word" and e["turn_id"] == t] for t in "abc"}
+    assert words == {"a": ["one", "two", "four"], "b": ["three"], "c": ["five"]}
+    await session.close()

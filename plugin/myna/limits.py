@@ -10,8 +10,9 @@ A worker on the internet must bound what one client can take. Three kinds of lim
   session, each a token bucket (:class:`TokenBucket`): ``burst`` at once, then ``rate`` per
   second. An offer over the rate gets 429 ``rate_limited`` with ``Retry-After``; a message over
   the rate gets an ``error`` event ``rate_limited`` and is dropped.
-- **Turns.** Characters per turn (``turn_too_long``) and turns queued per session
-  (``too_many_turns``), enforced by :class:`myna.session.Session`.
+- **Turns.** Characters per turn (``turn_too_long``), turns queued per session
+  (``too_many_turns``) and how long a turn's input may go quiet (``turn_idle``), enforced by
+  :class:`myna.session.Session`.
 
 Every limit is a :class:`Limits` field, a command-line flag (:func:`myna.sessions.add_session_arguments`)
 and a ``/metrics`` gauge.
@@ -49,6 +50,9 @@ class Limits:
         message_burst: messages a session may send back to back.
         max_turn_chars: characters of text one turn may carry.
         max_queued_turns: turns a session may have open or queued at once.
+        turn_idle_s: seconds a turn's input may go without text before it ends as ``end_turn``
+            would (an ``error`` ``turn_idle`` says so): a sender that crashed, or a stream
+            whose close was lost, must not hold the session (and the worker's load) forever.
     """
 
     max_sessions: int | None = None
@@ -59,11 +63,12 @@ class Limits:
     message_burst: int = 400
     max_turn_chars: int | None = 10_000
     max_queued_turns: int | None = 8
+    turn_idle_s: float | None = 10.0
 
     @classmethod
     def off(cls) -> "Limits":
         """No limit at all (a worker built in code, e.g. by a benchmark, unless it asks)."""
-        return cls(None, None, None, 1, None, 1, None, None)
+        return cls(None, None, None, 1, None, 1, None, None, None)
 
 
 class LimitExceeded(HTTPError):
@@ -195,11 +200,16 @@ async def measure_capacity(engine: Engine, streams: int = 4, utilisation: float 
     """Sessions ``engine`` can keep speaking continuously on this host, measured now.
 
     Synthesises :data:`CAPACITY_TEXT` on ``streams`` concurrent streams and returns
-    ``floor(utilisation × audio seconds produced / wall seconds)``, at least 1.
+    ``floor(utilisation × audio seconds produced / wall seconds)``, at least 1. It measures
+    through :meth:`~myna.engines.base.Engine.warms_through`, as the phrase cache's warm-up does:
+    a fallback's primary, whose breaker must not count these turns (4 streams at once can be
+    more than the primary keeps up with, which opened the breaker for the first 30 s of service).
 
     Raises:
         EngineError: when the engine fails to synthesise.
     """
+
+    engine = engine.warms_through
 
     async def one() -> float:
         stream = engine.stream(None, group=object())

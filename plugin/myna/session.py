@@ -15,10 +15,16 @@ reports ``first_audio``, ``word`` and ``turn_done`` back through :meth:`Session.
 
 Rules every door gets:
 
-- Turns play in order: a chunk with a new ``turn_id`` ends the input of the previous turn (as
-  ``end_turn`` would) and queues the new turn behind it. ``interrupt`` drops every turn.
+- Turns play in order: a chunk with a new ``turn_id`` ends the input of the same sender's
+  previous turn (as ``end_turn`` would) and queues the new turn behind every turn already
+  queued. A door with one client has one sender; a door with several (a LiveKit room) names
+  the sender of each message (``handle(message, sender)``), so one sender's new turn never cuts
+  another sender's turn short: it waits behind it, whole. ``interrupt`` drops every turn.
 - Limits (:class:`~myna.limits.Limits`): ``max_turn_chars`` (past it ``turn_too_long``: the turn
-  speaks what came before and its input ends) and ``max_queued_turns`` (``too_many_turns``).
+  speaks what came before and its input ends), ``max_queued_turns`` (``too_many_turns``) and
+  ``turn_idle_s``: a turn whose input gets no text for that long (the sender crashed, a
+  stream's close was lost) ends as ``end_turn`` would, with an ``error`` ``turn_idle``; it then
+  plays out and gets its ``turn_done``, so a forgotten turn never holds the session busy.
 - Drain (:meth:`Session.drain`): new turns are refused (``draining``), turns already started go on.
 - Bad input gets an ``error`` event and the session stays usable; a failure of one turn's
   engine ends that turn with an ``error``; engine audio that is unusable is dropped
@@ -32,7 +38,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -93,6 +99,9 @@ class _Turn:
     task: asyncio.Task | None = None
     input_ended: bool = False
     chars: int = 0  # text received, for the per-turn cap
+    sender: Hashable = None  # who sends the turn's text (None: the door's one client)
+    last_text_at: float = 0.0  # loop time of the latest text, for the idle bound
+    idle_timer: asyncio.TimerHandle | None = None
 
 
 class Session:
@@ -122,7 +131,7 @@ class Session:
         self.max_hold_s = max_hold_s
         self.clock = clock
         self._turns: dict[str, _Turn] = {}
-        self._open_turn: str | None = None
+        self._open_turns: dict[Hashable, str] = {}  # sender → the turn whose input it is sending
         self._past_turns: deque[str] = deque(maxlen=REMEMBERED_TURNS)
         self._closed = False
         self._draining = False
@@ -149,14 +158,18 @@ class Session:
             return
         self.handle(message)
 
-    def handle(self, message: Message) -> None:
-        """Act on one client message; contract violations become ``error`` events."""
+    def handle(self, message: Message, sender: Hashable = None) -> None:
+        """Act on one client message; contract violations become ``error`` events.
+
+        ``sender`` names who sent it, for a door that several clients share (a LiveKit room's
+        participants): a new turn ends only the same sender's open turn (module docstring).
+        """
         turn_id = getattr(message, "turn_id", None)
         try:
             if isinstance(message, Text):
-                self._on_text(message.turn_id, message.text)
+                self._on_text(message.turn_id, message.text, sender)
             elif isinstance(message, EndTurn):
-                self._on_end_turn(message.turn_id)
+                self._on_end_turn(message.turn_id, sender)
             elif isinstance(message, Interrupt):
                 self.interrupt()
             else:  # Config belongs to the WebSocket, before its session exists
@@ -167,10 +180,10 @@ class Session:
             log.exception("message handling failed")
             self._error("internal", "the message could not be handled", turn_id=turn_id)
 
-    def _on_text(self, turn_id: str, text: str) -> None:
+    def _on_text(self, turn_id: str, text: str, sender: Hashable = None) -> None:
         if turn_id in self._past_turns:  # a late chunk of a finished or interrupted turn: never speak it
             raise BadMessage("turn_ended", "this turn has ended; use a new turn_id")
-        turn = self._turns.get(turn_id) or self._begin_turn(turn_id)
+        turn = self._turns.get(turn_id) or self._begin_turn(turn_id, sender)
         if turn.input_ended:
             raise BadMessage("turn_ended", "this turn's input has ended; use a new turn_id")
         turn.chars += len(text)
@@ -180,27 +193,32 @@ class Session:
             raise BadMessage("turn_too_long", f"a turn may carry at most {self.limits.max_turn_chars} characters; "
                                               "its input has ended")
         turn.stream.push_text(text)
+        turn.last_text_at = asyncio.get_running_loop().time()
 
-    def _on_end_turn(self, turn_id: str) -> None:
+    def _on_end_turn(self, turn_id: str, sender: Hashable = None) -> None:
         if turn_id in self._past_turns:
             return
-        turn = self._turns.get(turn_id) or self._begin_turn(turn_id)
+        turn = self._turns.get(turn_id) or self._begin_turn(turn_id, sender)
         self._end_input(turn)
 
-    def _begin_turn(self, turn_id: str) -> _Turn:
+    def _begin_turn(self, turn_id: str, sender: Hashable = None) -> _Turn:
         if self._draining:
             raise BadMessage("draining", "the worker is shutting down; finish this session and connect to another")
         cap = self.limits.max_queued_turns
         if cap is not None and len(self._turns) >= cap:
             raise BadMessage("too_many_turns", f"at most {cap} turns may be queued; wait for turn_done or interrupt")
-        if self._open_turn is not None and self._open_turn in self._turns:
-            self._end_input(self._turns[self._open_turn])
+        previous = self._open_turns.get(sender)
+        if previous is not None and previous in self._turns:
+            self._end_input(self._turns[previous])
         stream = self.engine.stream(self.voice, group=self)
-        turn = _Turn(turn_id, stream, text_at=self.clock())
+        loop = asyncio.get_running_loop()
+        turn = _Turn(turn_id, stream, text_at=self.clock(), sender=sender, last_text_at=loop.time())
         self._turns[turn_id] = turn
-        self._open_turn = turn_id
+        self._open_turns[sender] = turn_id
         self._output.begin_turn(turn_id, turn.text_at)
-        turn.task = asyncio.get_running_loop().create_task(self._pump(turn))
+        turn.task = loop.create_task(self._pump(turn))
+        if self.limits.turn_idle_s is not None:
+            turn.idle_timer = loop.call_later(self.limits.turn_idle_s, self._check_idle, turn)
         self.metrics.turns.labels(self.engine.name).inc()
         return turn
 
@@ -208,8 +226,27 @@ class Session:
         if not turn.input_ended:
             turn.input_ended = True
             turn.stream.end_input()
-        if self._open_turn == turn.turn_id:
-            self._open_turn = None
+        if turn.idle_timer is not None:
+            turn.idle_timer.cancel()
+            turn.idle_timer = None
+        if self._open_turns.get(turn.sender) == turn.turn_id:
+            del self._open_turns[turn.sender]
+
+    def _check_idle(self, turn: _Turn) -> None:
+        """The idle bound's timer: end the turn's input if no text came for ``turn_idle_s``."""
+        turn.idle_timer = None
+        if turn.input_ended or self._closed or self._turns.get(turn.turn_id) is not turn:
+            return
+        bound = self.limits.turn_idle_s
+        loop = asyncio.get_running_loop()
+        left = turn.last_text_at + bound - loop.time()
+        if left > 0:
+            turn.idle_timer = loop.call_later(left, self._check_idle, turn)
+            return
+        log.info("turn %s: no text for %g s; its input ends", turn.turn_id, bound)
+        self._end_input(turn)
+        self._error("turn_idle", f"no text for {bound:g} s: the turn's input has ended as end_turn would; "
+                                 "what came before is spoken", turn_id=turn.turn_id)
 
     def interrupt(self) -> None:
         """Barge-in: cancel synthesis of every turn and drop its queued audio."""
@@ -293,8 +330,11 @@ class Session:
         elif isinstance(event, TurnDone):
             turn = self._turns.pop(event.turn_id, None)
             self._past_turns.append(event.turn_id)
-            if self._open_turn == event.turn_id:
-                self._open_turn = None
+            if turn is not None:
+                if turn.idle_timer is not None:
+                    turn.idle_timer.cancel()
+                if self._open_turns.get(turn.sender) == event.turn_id:
+                    del self._open_turns[turn.sender]
             if event.interrupted:
                 if turn is None:
                     return  # (the session had ended it already)
@@ -327,6 +367,8 @@ class Session:
         self._output.interrupt()
         tasks = []
         for turn in self._turns.values():
+            if turn.idle_timer is not None:
+                turn.idle_timer.cancel()
             turn.stream.cancel()
             if turn.task is not None:
                 turn.task.cancel()

@@ -130,6 +130,9 @@ def add_session_arguments(parser: argparse.ArgumentParser, *, admission: bool = 
     g.add_argument("--max-turn-chars", type=int, default=d.max_turn_chars, help="characters per turn (default: %(default)s)")
     g.add_argument("--max-queued-turns", type=int, default=d.max_queued_turns,
                    help="turns queued per session (default: %(default)s)")
+    g.add_argument("--turn-idle-timeout", type=float, default=d.turn_idle_s, metavar="S",
+                   help="seconds a turn's input may go without text before it ends as end_turn would, with an "
+                        "error turn_idle (a sender that crashed, a stream never closed) (default: %(default)s)")
     g.add_argument("--max-hold-ms", type=milliseconds, default=1000.0 * MAX_HOLD_S, metavar="MS",
                    help="the longest a turn's ready first audio may be held before it plays (default: %(default)s; "
                         "reported as first_audio.pre_roll_ms)")
@@ -149,4 +152,5 @@ def limits_from_args(args: argparse.Namespace) -> Limits:
     return Limits(max_sessions=on("max_sessions"), max_sessions_per_client=on("max_sessions_per_client"),
                   offer_rate=on("offer_rate"), offer_burst=getattr(args, "offer_burst", d.offer_burst),
                   message_rate=on("message_rate"), message_burst=args.message_burst,
-                  max_turn_chars=on("max_turn_chars"), max_queued_turns=on("max_queued_turns"))
+                  max_turn_chars=on("max_turn_chars"), max_queued_turns=on("max_queued_turns"),
+                  turn_idle_s=getattr(args, "turn_idle_timeout", d.turn_idle_s) or None)

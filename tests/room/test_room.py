@@ -50,7 +50,7 @@ async def test_a_reply_streamed_at_30_tokens_per_s_is_heard_with_events_and_capt
         async with RoomClient(livekit_node.url, token(room, "alice")) as client:
             assert client.ready == {"type": "ready", "engines": ["piper"], "engine": "piper", "sample_rate": 48000}
             results = [await client.speak(s, tokens_per_s=30) for s in SENTENCES]
-            await eventually(lambda: all(client.segments.get(r.turn_id, None) and client.segments[r.turn_id].final
+            await eventually(lambda: all(client.caption(r.turn_id) and client.caption(r.turn_id).final
                                          for r in results))
             track_sid = agent.publication.sid
     hypotheses = []
@@ -62,7 +62,7 @@ async def test_a_reply_streamed_at_30_tokens_per_s_is_heard_with_events_and_capt
         words = [e["word"] for e in result.events if e["type"] == "word"]
         assert [w.lower() for w in words] == _words(sentence).split()
         assert result.perceived_ttfa_ms is not None and result.perceived_ttfa_ms > result.server_ttfa_ms
-        segment = client.segments[result.turn_id]  # lk.transcription: segment = turn, words as heard
+        segment = client.caption(result.turn_id)  # lk.transcription: segment = turn, words as heard
         assert segment.track_id == track_sid and segment.final
         assert segment.text.split() == words
         hypotheses.append(_words(transcribe(whisper, result.pcm)))

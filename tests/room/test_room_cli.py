@@ -56,7 +56,7 @@ async def test_myna_room_refuses_an_expired_token_and_missing_credentials(liveki
 
 
 async def test_myna_worker_serves_an_explicit_dispatch_and_leaves_when_the_room_empties(livekit_node):
-    worker = Myna("worker", "--url", livekit_node.url, "--agent-name", "myna-cli")
+    worker = Myna("worker", "--url", livekit_node.url, "--agent-name", "myna-cli", "--departure-timeout", "1")
     try:
         await worker.wait_for("registered as agent 'myna-cli'")
         room = room_name()

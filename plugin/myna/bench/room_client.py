@@ -29,6 +29,8 @@ class Segment:
 
     segment_id: str
     track_id: str
+    turn_id: str = ""  # myna.turn_id: the sender's turn
+    participant: str = ""  # myna.participant: the turn's sender
     text: str = ""
     final: bool = False
 
@@ -116,7 +118,8 @@ class RoomClient:
 
     def _on_transcription(self, reader: rtc.TextStreamReader, identity: str) -> None:
         attributes = reader.info.attributes or {}
-        segment = Segment(attributes.get("lk.segment_id", ""), attributes.get("lk.transcribed_track_id", ""))
+        segment = Segment(attributes.get("lk.segment_id", ""), attributes.get("lk.transcribed_track_id", ""),
+                          attributes.get("myna.turn_id", ""), attributes.get("myna.participant", ""))
         self.segments[segment.segment_id] = segment
 
         async def read() -> None:
@@ -125,6 +128,14 @@ class RoomClient:
             segment.final = (reader.info.attributes or {}).get("lk.transcription_final") == "true"
 
         self._spawn(read())
+
+    def caption(self, turn_id: str) -> Segment | None:
+        """The caption segment of this participant's turn ``turn_id`` (None before its first word)."""
+        me = self.room.local_participant.identity
+        for segment in self.segments.values():
+            if segment.turn_id == turn_id and segment.participant == me:
+                return segment
+        return None
 
     # -- sending ----------------------------------------------------------------------------
     async def send(self, message: dict | str | bytes, topic: str = TOPIC_MESSAGES) -> None:

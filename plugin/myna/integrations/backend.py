@@ -273,7 +273,9 @@ class LocalBackend(Backend):
         self.voice = voice
         self.sample_rate = sample_rate or engine.sample_rate
         self.scripts = engine.scripts
-        self.sessions = sessions or Sessions(limits=Limits(message_rate=None))
+        # In-process callers are code, not network peers: no message rate, and no idle bound on
+        # a turn (the framework ends its own streams; a pause in its LLM must not end a turn).
+        self.sessions = sessions or Sessions(limits=Limits(message_rate=None, turn_idle_s=None))
         self._idle: list[_LocalSession] = []
         self._all: set[_LocalSession] = set()
 

@@ -17,9 +17,16 @@ other applications in the room and only get a debug log line.
 Lifetime: :meth:`RoomAgent.attach` before ``room.connect`` (stream handlers must exist before
 the first stream arrives), :meth:`RoomAgent.start` after it, then :meth:`RoomAgent.run` until
 the room disconnects (closed, server gone, removed), :meth:`RoomAgent.stop` is called, or, with
-``leave_when_empty``, the last participant other than agents leaves (an agent dispatched into
-an empty room waits for someone to come and go). :meth:`RoomAgent.close`
-releases everything: turns, the pacer, the track, the room connection.
+``leave_when_empty``, ``departure_timeout`` seconds after the last participant other than
+agents left with no one back meanwhile (a reload, a dropped connection that comes back: Myna
+is still there; an agent dispatched into an empty room waits for someone to come and go).
+:meth:`RoomAgent.close` releases everything: turns, the pacer, the track, the room connection.
+
+One Myna per room: Myna instances recognise each other (participant attribute ``myna.ready``,
+or the same ``lk.agent.name`` as this one's); of those in the room, the one that joined first
+(``joined_at``, then SID) serves it, and any other steps aside: it leaves without publishing,
+or, when it learns of an earlier one only later (two joins at once), as soon as it does
+(:attr:`RoomAgent.stepped_aside`).
 """
 
 from __future__ import annotations
@@ -53,6 +60,10 @@ TRACK_NAME = "myna"
 #: hang when the server is gone; livekit.md §5 item 12).
 DISCONNECT_TIMEOUT = 5.0
 _ACTIVE = 2  # ParticipantState.PARTICIPANT_STATE_ACTIVE
+#: Seconds Myna stays after the last participant other than agents left (LiveKit's own default
+#: ``departure_timeout`` for a room).
+DEPARTURE_TIMEOUT = 20.0
+AGENT_NAME_ATTRIBUTE = "lk.agent.name"  # set by LiveKit on a dispatched agent, from its join
 
 
 class Outbox:
@@ -88,39 +99,45 @@ class Outbox:
 class Captions:
     """Turns as LiveKit transcription segments: one ``lk.transcription`` text stream per turn.
 
-    Attributes follow LiveKit Agents (``lk.segment_id`` = the turn_id, ``lk.transcribed_track_id``
-    = Myna's track, ``lk.transcription_final`` "false" then "true"), so LiveKit's front-end
-    components show them as captions. Words are written as they are about to be heard (the
-    ``word`` events), each followed by a space; the stream closes final at ``turn_done``.
+    Attributes follow LiveKit Agents (``lk.segment_id`` = an id no other segment in the room
+    has, :meth:`~myna.room.routing.Router.segment_id`; ``lk.transcribed_track_id`` = Myna's
+    track as published now, so it follows a republish after a full reconnect;
+    ``lk.transcription_final`` "false" then "true"), so LiveKit's front-end components show them
+    as captions; ``myna.turn_id`` and ``myna.participant`` name the turn and its sender. Words
+    are written as they are about to be heard (the ``word`` events), each followed by a space;
+    the stream closes final at ``turn_done``.
+
+    Args:
+        participant: Myna's local participant.
+        track_sid: returns the SID of Myna's track as published now.
     """
 
-    def __init__(self, participant: rtc.LocalParticipant, track_sid: str):
+    def __init__(self, participant: rtc.LocalParticipant, track_sid: Callable[[], str]):
         self._participant = participant
         self._track_sid = track_sid
-        self._writers: dict[str, tuple[rtc.TextStreamWriter, str]] = {}  # key → (writer, turn_id)
+        self._writers: dict[str, tuple[rtc.TextStreamWriter, dict[str, str]]] = {}  # segment → (writer, attributes)
 
-    def _attributes(self, turn_id: str, final: bool) -> dict[str, str]:
-        return {"lk.segment_id": turn_id, "lk.transcribed_track_id": self._track_sid,
-                "lk.transcription_final": "true" if final else "false"}
+    async def word(self, segment: str, identity: str, turn_id: str, word: str) -> None:
+        """Write ``word`` to ``segment`` (opened on its first word), the caption of ``identity``'s turn."""
+        if segment not in self._writers:
+            attributes = {"lk.segment_id": segment, "lk.transcribed_track_id": self._track_sid(),
+                          "myna.turn_id": turn_id, "myna.participant": identity}
+            writer = await self._participant.stream_text(
+                topic=TOPIC_TRANSCRIPTION, attributes={**attributes, "lk.transcription_final": "false"})
+            self._writers[segment] = (writer, attributes)
+        await self._writers[segment][0].write(word + " ")
 
-    async def word(self, key: str, turn_id: str, word: str) -> None:
-        """Write ``word`` to the segment of turn ``key`` (opening it on its first word)."""
-        if key not in self._writers:
-            writer = await self._participant.stream_text(topic=TOPIC_TRANSCRIPTION,
-                                                         attributes=self._attributes(turn_id, final=False))
-            self._writers[key] = (writer, turn_id)
-        await self._writers[key][0].write(word + " ")
-
-    async def final(self, key: str, turn_id: str) -> None:
-        """Close turn ``key``'s segment as final (a turn without words has none)."""
-        writer, _ = self._writers.pop(key, (None, None))
+    async def final(self, segment: str) -> None:
+        """Close ``segment`` as final (a turn without words has none)."""
+        writer, attributes = self._writers.pop(segment, (None, None))
         if writer is not None:
-            await writer.aclose(attributes=self._attributes(turn_id, final=True))
+            await writer.aclose(attributes={**attributes, "lk.transcribed_track_id": self._track_sid(),
+                                            "lk.transcription_final": "true"})
 
     async def aclose(self) -> None:
         """Close every open segment as final."""
-        for key, (_, turn_id) in list(self._writers.items()):
-            await self.final(key, turn_id)
+        for segment in list(self._writers):
+            await self.final(segment)
 
 
 class RoomAgent:
@@ -133,13 +150,16 @@ class RoomAgent:
         engines: engine names for the ``ready`` event.
         voice: voice name for the engine (None: its default).
         speak_for: identities allowed to speak through Myna (None: every participant).
-        leave_when_empty: end once no participant other than agents is left.
+        leave_when_empty: end once no participant other than agents is left, after
+            ``departure_timeout`` seconds with no one back.
         attributes: extra participant attributes to publish beside ``myna.ready``.
+        departure_timeout: the grace period of ``leave_when_empty`` (s; 0 leaves at once).
     """
 
     def __init__(self, room: rtc.Room, engine: Engine, sessions: Sessions, engines: list[str] | None = None,
                  voice: str | None = None, speak_for: frozenset[str] | None = None,
-                 leave_when_empty: bool = False, attributes: dict[str, str] | None = None):
+                 leave_when_empty: bool = False, attributes: dict[str, str] | None = None,
+                 departure_timeout: float = DEPARTURE_TIMEOUT):
         self.room = room
         self.engine = engine
         self.sessions = sessions
@@ -148,6 +168,9 @@ class RoomAgent:
         self.speak_for = speak_for
         self.leave_when_empty = leave_when_empty
         self.attributes = attributes or {}
+        self.departure_timeout = departure_timeout
+        #: The identity of the Myna this one stepped aside for (None: it serves the room).
+        self.stepped_aside: str | None = None
         self.router: Router | None = None
         self.output: SourceOutput | None = None
         self.publication: rtc.LocalTrackPublication | None = None
@@ -159,6 +182,7 @@ class RoomAgent:
         self._greeted: set[str] = set()  # identities sent ``ready``
         self._done = asyncio.Event()
         self._closed = False
+        self._departure: asyncio.TimerHandle | None = None
 
     # -- lifetime ---------------------------------------------------------------------------
     def attach(self) -> None:
@@ -174,16 +198,25 @@ class RoomAgent:
         self.room.register_text_stream_handler(TOPIC_TEXT, self._on_text_stream)
         self.room.on("data_received", self._on_data)
         self.room.on("participant_active", self._on_participant_active)
+        self.room.on("participant_connected", self._on_participant_connected)
+        self.room.on("participant_attributes_changed", self._on_attributes_changed)
         self.room.on("participant_disconnected", self._on_participant_disconnected)
         self.room.on("disconnected", self._on_disconnected)
 
     async def start(self) -> None:
-        """Publish the track and start listening; call once the room is connected."""
+        """Publish the track and start listening; call once the room is connected. When
+        another Myna serves the room already, step aside instead (:attr:`stepped_aside`; :meth:`run`
+        then returns at once)."""
+        if self._senior_myna() is not None:
+            self._step_aside(self._senior_myna())
+            return
         local = self.room.local_participant
         track = rtc.LocalAudioTrack.create_audio_track(TRACK_NAME, self._source)
         self.publication = await local.publish_track(
             track, rtc.TrackPublishOptions(source=rtc.TrackSource.SOURCE_MICROPHONE))
-        self._captions = Captions(local, self.publication.sid)
+        self._captions = Captions(local, self.track_sid)
+        if self.stepped_aside is not None:  # an earlier Myna showed up while the track was published
+            return
         local.register_rpc_method(RPC_INTERRUPT, self._on_interrupt_rpc)
         await local.set_attributes({**self.attributes, READY_ATTRIBUTE: "true"})
         for participant in self.room.remote_participants.values():
@@ -191,6 +224,14 @@ class RoomAgent:
                 self._send_ready(participant.identity)
         log.info("joined room %r as %r (speaking for %s)", self.room.name, local.identity,
                  ", ".join(sorted(self.speak_for)) if self.speak_for else "everyone")
+
+    def track_sid(self) -> str:
+        """The SID of Myna's track as published now (a full reconnect republishes it under a new one)."""
+        for publication in self.room.local_participant.track_publications.values():
+            if publication.name == TRACK_NAME:
+                self.publication = publication
+                return publication.sid
+        return self.publication.sid if self.publication is not None else ""
 
     def _new_output(self, session: Session) -> SourceOutput:
         self.output = SourceOutput.for_session(session, self._source)
@@ -213,6 +254,8 @@ class RoomAgent:
             return
         self._closed = True
         self._done.set()
+        if self._departure is not None:
+            self._departure.cancel()
         for task in list(self._readers):
             task.cancel()
         await asyncio.gather(*self._readers, return_exceptions=True)
@@ -231,9 +274,52 @@ class RoomAgent:
                 log.warning("leaving room %r: %s", self.room.name, str(exc) or type(exc).__name__)
         log.info("left room %r", self.room.name)
 
+    # -- one Myna per room ---------------------------------------------------------------------
+    def _is_myna(self, participant: rtc.RemoteParticipant) -> bool:
+        """Whether ``participant`` is a Myna (ready, or dispatched under this one's agent name)."""
+        if participant.kind != rtc.ParticipantKind.PARTICIPANT_KIND_AGENT:
+            return False
+        mine = self.room.local_participant.attributes.get(AGENT_NAME_ATTRIBUTE)
+        return READY_ATTRIBUTE in participant.attributes or (
+            mine is not None and participant.attributes.get(AGENT_NAME_ATTRIBUTE) == mine)
+
+    @staticmethod
+    def _seniority(participant: rtc.Participant) -> tuple[float, str]:
+        joined = participant.joined_at
+        return (joined.timestamp() if joined is not None else float("inf"), participant.sid)
+
+    def _senior_myna(self) -> str | None:
+        """The identity of a Myna in the room that joined before this one, if any."""
+        me = self._seniority(self.room.local_participant)
+        seniors = [p for p in self.room.remote_participants.values() if self._is_myna(p) and self._seniority(p) < me]
+        return min(seniors, key=self._seniority).identity if seniors else None
+
+    def _step_aside(self, other: str) -> None:
+        if self.stepped_aside is None:
+            self.stepped_aside = other
+            log.info("room %r: Myna %r serves it already; stepping aside", self.room.name, other)
+            self._done.set()
+
+    def _on_participant_connected(self, participant: rtc.RemoteParticipant) -> None:
+        if self._closed:
+            return
+        if participant.kind != rtc.ParticipantKind.PARTICIPANT_KIND_AGENT and self._departure is not None:
+            log.info("room %r: %r is back; staying", self.room.name, participant.identity)
+            self._departure.cancel()
+            self._departure = None
+        self._check_seniority()
+
+    def _on_attributes_changed(self, _changed: dict[str, str], participant: rtc.Participant) -> None:
+        if not self._closed and participant is not self.room.local_participant:
+            self._check_seniority()
+
+    def _check_seniority(self) -> None:
+        if (other := self._senior_myna()) is not None:
+            self._step_aside(other)
+
     # -- in -----------------------------------------------------------------------------------
     def _on_text_stream(self, reader: rtc.TextStreamReader, identity: str) -> None:
-        if self._closed:
+        if self._closed or self.stepped_aside is not None:
             reader.close()
             return
         task = asyncio.get_running_loop().create_task(self._read_turn(reader, identity))
@@ -256,7 +342,7 @@ class RoomAgent:
             self.router.end_turn(identity, turn_id)
 
     def _on_data(self, packet: rtc.DataPacket) -> None:
-        if self._closed:
+        if self._closed or self.stepped_aside is not None:
             return
         if packet.participant is None:  # the server, or a sender the room has not announced yet
             log.warning("ignored a data packet on topic %r from a sender not (yet) in the room: senders "
@@ -287,9 +373,16 @@ class RoomAgent:
         if not self._closed:
             self.router.participant_left(participant.identity)
             self._greeted.discard(participant.identity)
-            if self.leave_when_empty and not self.others():
-                log.info("room %r has no one left to speak to", self.room.name)
-                self._done.set()
+            if self.leave_when_empty and not self.others() and self._departure is None:
+                log.info("room %r has no one left to speak to; leaving in %g s unless someone comes back",
+                         self.room.name, self.departure_timeout)
+                self._departure = asyncio.get_running_loop().call_later(self.departure_timeout, self._leave_if_empty)
+
+    def _leave_if_empty(self) -> None:
+        self._departure = None
+        if not self._closed and not self.others():
+            log.info("room %r: no one came back in %g s; leaving", self.room.name, self.departure_timeout)
+            self._done.set()
 
     def _on_disconnected(self, reason: int) -> None:
         self.disconnect_reason = reason
@@ -311,7 +404,7 @@ class RoomAgent:
     def _deliver(self, identity: str, event: Event) -> None:
         """One event to ``identity`` on ``myna.events`` (``ready`` first, once); words and
         turn ends also go to captions."""
-        if self._outbox is None or self._closed:
+        if self._outbox is None or self._closed or self.stepped_aside is not None:
             return
         if identity not in self._greeted:
             self._greeted.add(identity)
@@ -325,9 +418,11 @@ class RoomAgent:
             payload, reliable=True, destination_identities=[identity], topic=TOPIC_EVENTS))
         if self._captions is None:  # (before start: nothing has been heard yet)
             return
-        if isinstance(event, Word):
-            key = f"{identity}\n{event.turn_id}"
-            self._outbox.put(lambda: self._captions.word(key, event.turn_id, event.word))
-        elif isinstance(event, TurnDone):
-            key = f"{identity}\n{event.turn_id}"
-            self._outbox.put(lambda: self._captions.final(key, event.turn_id))
+        if isinstance(event, (Word, TurnDone)):
+            segment = self.router.segment_id(identity, event.turn_id)
+            if segment is None:
+                return
+            if isinstance(event, Word):
+                self._outbox.put(lambda: self._captions.word(segment, identity, event.turn_id, event.word))
+            else:
+                self._outbox.put(lambda: self._captions.final(segment))

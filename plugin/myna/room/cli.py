@@ -10,6 +10,8 @@ Drain: on SIGTERM or SIGINT, sessions refuse new turns and the turns speaking fi
 ``--drain-timeout``, then Myna leaves (``myna worker`` first tells the server it drains, so new
 dispatches go to other workers). A second signal exits at once.
 
+One Myna per room: ``myna room`` into a room another Myna serves steps aside (prints so, exits 0).
+
 Exit status: ``myna room`` returns 0 when it is stopped (Ctrl-C, SIGTERM) or the room ends
 (closed, deleted, Myna removed) and 1 when the join is refused (bad or expired token, no
 server) or the connection is lost. ``myna worker`` returns 0 when stopped and 1 when it cannot
@@ -27,8 +29,12 @@ import time
 
 from myna.engines.build import EngineOptions, add_engine_arguments, build_engines
 from myna.extras import require
+from myna.limits import measure_capacity
 from myna.sessions import Sessions, add_session_arguments, limits_from_args
 
+#: Seconds a worker's Myna stays in an emptied room (kept equal to myna.room.agent's, which
+#: cannot be imported before the livekit extra is known to be there).
+DEPARTURE_TIMEOUT = 20.0
 #: Room endings that are not failures (the room's life ended, or Myna was asked to leave).
 _NORMAL_ENDS = {"CLIENT_INITIATED", "ROOM_DELETED", "ROOM_CLOSED", "PARTICIPANT_REMOVED"}
 
@@ -47,11 +53,17 @@ def add_parsers(sub) -> None:
 
     p = sub.add_parser("worker", help="register with LiveKit and serve the rooms it dispatches",
                        description="Register with a LiveKit server for agent dispatch; join each room this "
-                                   "worker is dispatched to, until no one but agents is left in it.")
+                                   "worker is dispatched to (up to --capacity rooms), until no one but agents "
+                                   "has been in it for --departure-timeout seconds.")
     p.add_argument("--url", required=True, help="the LiveKit server's WebSocket URL, e.g. ws://127.0.0.1:7880")
     p.add_argument("--agent-name", default="myna", help="agent name to register (default: %(default)s)")
-    p.add_argument("--capacity", type=int, default=max(1, 4 * ((os.cpu_count() or 2) - 1)),
-                   help="speaking sessions before this worker reports itself full (default: %(default)s)")
+    p.add_argument("--capacity", type=int, default=None,
+                   help="rooms this worker takes at once; job requests beyond them are refused and go to another "
+                        "worker (default: the default engine's capacity, measured at start-up as for "
+                        "`myna serve --max-sessions`)")
+    p.add_argument("--departure-timeout", type=float, default=DEPARTURE_TIMEOUT, metavar="S",
+                   help="seconds Myna stays in a room after the last participant other than agents left, for "
+                        "someone to come back (a page reload) (default: %(default)s)")
     p.add_argument("--http-port", type=int, default=0, help="health endpoint port on 127.0.0.1 (default: any free port)")
     p.add_argument("--max-retry", type=int, default=16, help="attempts to reach the server before exiting (default: %(default)s)")
     _add_common(p)
@@ -146,6 +158,10 @@ async def _run_room(args: argparse.Namespace) -> int:
             print(f"myna room: could not join {args.room!r} at {args.url}: {exc}", file=sys.stderr)
             return 1
         await agent.start()
+        if agent.stepped_aside is not None:
+            print(f"myna: {agent.stepped_aside!r} serves room {args.room!r} already; stepping aside", flush=True)
+            await agent.run()
+            return 0
         draining: list[asyncio.Task] = []
         _on_signals(lambda: draining.append(asyncio.ensure_future(_drain(sessions, args.drain_timeout, agent.stop))),
                     "myna room")
@@ -172,23 +188,31 @@ async def _run_worker(args: argparse.Namespace) -> int:
     sessions = _sessions(args)
     engines = await _start_engines(args)
     try:
-        worker = RoomWorker(engines, capacity=args.capacity, sessions=sessions,
-                            speak_for=frozenset(args.speak_for) if args.speak_for else None)
+        capacity = args.capacity
+        if capacity is None:
+            capacity = await measure_capacity(engines[engines.default])
+            print(f"myna: capacity of {engines.default} on this host: {capacity} rooms (measured)", flush=True)
+        worker = RoomWorker(engines, capacity=capacity, sessions=sessions,
+                            speak_for=frozenset(args.speak_for) if args.speak_for else None,
+                            departure_timeout=args.departure_timeout)
         server = agent_server(worker, args.url, key, secret, agent_name=args.agent_name, http_port=args.http_port,
-                              max_retry=args.max_retry)
+                              max_retry=args.max_retry, drain_timeout=args.drain_timeout)
         server.on("worker_registered", lambda worker_id, _info: print(
             f"myna: worker {worker_id} registered as agent {args.agent_name!r} at {args.url} "
-            f"(capacity {args.capacity} speaking sessions)", flush=True))
+            f"(capacity {capacity} rooms)", flush=True))
         running = asyncio.ensure_future(server.run())
         stopping = asyncio.Event()
         _on_signals(stopping.set, "myna worker")
         stop = asyncio.ensure_future(stopping.wait())
         await asyncio.wait([running, stop], return_when=asyncio.FIRST_COMPLETED)
         if stopping.is_set() and not running.done():
-            print(f"myna: draining: {sessions.speaking()} session(s) speaking, up to {args.drain_timeout:g} s; "
-                  "new dispatches go to other workers (a second signal exits now)", flush=True)
+            print(f"myna: draining: {sessions.speaking()} session(s) speaking in {worker.accepted} room(s), up to "
+                  f"{args.drain_timeout:g} s; new dispatches go to other workers (a second signal exits now)", flush=True)
+            t0 = time.monotonic()
             finished = await worker.drain(server, args.drain_timeout)
-            print("myna: shutting down" + ("" if finished else " (drain timed out)"), flush=True)
+            print(f"myna: drained: every turn finished in {time.monotonic() - t0:.1f} s; shutting down" if finished else
+                  f"myna: drain timed out after {args.drain_timeout:g} s: turns still speaking are cut; shutting down",
+                  flush=True)
         stop.cancel()
         await server.aclose()
         try:

@@ -3,6 +3,14 @@
 A room has one Myna track, so it has one :class:`~myna.session.Session`: turns from every
 participant queue on it in order. The :class:`Router` sits in front of that session:
 
+- **Several speakers.** Each message reaches the session with its sender's identity
+  (``Session.handle(message, sender)``), so a participant's new turn ends only that
+  participant's previous turn: while A streams a turn, B's turn waits behind it and both are
+  spoken whole, in the order their first chunks arrived (a turn that goes quiet ends after the
+  session's ``turn_idle_s``, so a crashed sender cannot hold the others back for long).
+- **Caption segments.** Each turn gets a segment id of its own (:meth:`Router.segment_id`,
+  ``SG_`` + 16 random hex digits), never the sender's ``turn_id``: two senders both saying
+  ``"1"``, or a Myna that rejoins the room, never produce two captions with one id.
 - **Who may speak.** Every participant by default, or only the identities given
   (``--speak-for``). Anyone else gets an ``error`` event (``not_allowed``) and a log line.
 - **Turn ids.** Participants choose their own ``turn_id``s, so two of them may both say
@@ -24,6 +32,7 @@ Pure logic, no LiveKit SDK: :mod:`myna.room.agent` feeds it packets, stream chun
 from __future__ import annotations
 
 import logging
+import secrets
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import replace
@@ -63,6 +72,7 @@ class Router:
         self._rates: dict[str, MessageRate] = {}
         self._ids: OrderedDict[tuple[str, str], str] = OrderedDict()  # (identity, turn_id) → session id
         self._owners: dict[str, tuple[str, str]] = {}  # session id → (identity, turn_id)
+        self._segments: dict[str, str] = {}  # session id → caption segment id
         self._live: set[str] = set()  # session ids of turns not yet done
         self._count = 0
         self._sender: str | None = None  # who sent the message being handled
@@ -105,7 +115,7 @@ class Router:
             message = replace(message, turn_id=self._session_id(identity, turn_id))
         self._sender = identity
         try:
-            self.session.handle(message)
+            self.session.handle(message, identity)
         finally:
             self._sender = None
 
@@ -151,8 +161,16 @@ class Router:
             log.info("%r left mid-turn: cancelling its synthesis", identity)
             self.session.interrupt()
         for key in [k for k in self._ids if k[0] == identity]:
-            self._owners.pop(self._ids.pop(key), None)
+            sid = self._ids.pop(key)
+            self._owners.pop(sid, None)
+            self._segments.pop(sid, None)
         self._rates.pop(identity, None)
+
+    def segment_id(self, identity: str, turn_id: str) -> str | None:
+        """The caption segment id of ``identity``'s turn ``turn_id`` (unique in the room, see the
+        module docstring); None for a turn the router does not know (any more)."""
+        sid = self._ids.get((identity, turn_id))
+        return self._segments.get(sid) if sid is not None else None
 
     # -- out --------------------------------------------------------------------------------
     def _on_event(self, event: Event) -> None:
@@ -181,6 +199,7 @@ class Router:
             self._count += 1
             sid = self._ids[key] = f"r{self._count}"
             self._owners[sid] = key
+            self._segments[sid] = f"SG_{secrets.token_hex(8)}"
             self._forget_old()
         return sid
 
@@ -194,4 +213,5 @@ class Router:
             if sid not in self._live:
                 del self._ids[key]
                 self._owners.pop(sid, None)
+                self._segments.pop(sid, None)
                 ended -= 1

@@ -5,19 +5,33 @@ no ``AgentSession``: the worker registers at ``<url>/agent`` under an agent name
 sends it a job for each dispatch (explicit: the dispatch API, a token's
 ``RoomConfiguration.agents``, or ``CreateRoom(agents=…)``; a named agent is never dispatched
 automatically). :meth:`RoomWorker.entrypoint` joins the room with the server-minted token and
-serves it with a :class:`~myna.room.agent.RoomAgent` until no one but agents is left.
+serves it with a :class:`~myna.room.agent.RoomAgent` until no one but agents has been left for
+the departure timeout (a listener who reloads the page finds Myna still there).
 
-- **Load.** :meth:`RoomWorker.load` is speaking sessions ÷ capacity (a session speaks while one
-  of its turns is queued or playing). The worker reports it every 2.5 s; the server picks a
-  worker at random weighted by ``1 − load`` and skips a worker at capacity (load 1: the
-  worker also marks itself full), so new rooms go to the less loaded worker.
+- **Capacity.** The worker counts the rooms it has accepted (from its answer to the job request
+  until it leaves the room) against its capacity (``--capacity``; by default the engine's
+  capacity measured at start-up, as ``myna serve`` measures ``--max-sessions``) and refuses job
+  requests beyond it, and while it drains (:meth:`RoomWorker.request`): the server offers the
+  job to another worker.
+- **Load.** :meth:`RoomWorker.load` is started rooms ÷ capacity (livekit-agents adds the rooms
+  accepted but not started yet). The worker reports it every 2.5 s; the server picks a worker at random weighted by ``1 − load`` and skips a worker at
+  capacity (load 1: the worker also marks itself full), so new rooms go to the less loaded
+  worker; requests that come faster than the reports meet the count above.
+- **One Myna per room.** A second dispatch of this agent to a room (one more ``CreateDispatch``)
+  is refused by a worker that serves the room already; one that reaches another worker is
+  accepted, and its Myna steps aside at once (:class:`~myna.room.agent.RoomAgent`): it leaves
+  without answering anything.
 - **One engine, many rooms.** Jobs run as threads of this process (``JobExecutorType.THREAD``),
   each room on its own event loop; they share the loaded engines through
   :class:`~myna.room.bridge.BridgedEngine`, and one :class:`~myna.sessions.Sessions` (the same
   limits as ``myna serve``).
 - **Drain.** :meth:`RoomWorker.drain` (``myna worker`` on SIGTERM): the server is told the
   worker drains (new dispatches go to other workers), sessions refuse new turns and the turns
-  speaking finish, up to ``--drain-timeout``; then every room is left.
+  speaking finish, up to ``--drain-timeout``; then every room is left. Myna leaves the rooms
+  itself, so livekit-agents' own shutdown bounds (15 s for a job's entry point once the job is
+  asked to shut down; ``shutdown_process_timeout``) only start after the drain, and the
+  framework's ``drain_timeout`` and ``shutdown_process_timeout`` are set beyond it
+  (:func:`agent_server`).
 - **CPU.** livekit-agents watches every job's event loop for blocking (a 20 ms heartbeat on the
   loop and a watchdog thread per room); that costs ~5 ms of CPU per second per room, about a
   sixth of a silent room's cost, so :func:`agent_server` turns it off unless
@@ -33,13 +47,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
+import threading
 from dataclasses import dataclass, field
 
-from livekit.agents import AgentServer, AutoSubscribe, JobContext, JobExecutorType
+from livekit.agents import AgentServer, AutoSubscribe, JobContext, JobExecutorType, JobRequest
 
 from myna.engines.build import Engines
-from myna.room.agent import RoomAgent
+from myna.room.agent import DEPARTURE_TIMEOUT, RoomAgent
 from myna.room.bridge import BridgedEngine
 from myna.sessions import Sessions
 
@@ -48,6 +64,8 @@ log = logging.getLogger(__name__)
 DEFAULT_AGENT_NAME = "myna"
 #: Participant attribute naming the worker that serves the room (its LiveKit worker id).
 WORKER_ATTRIBUTE = "myna.worker"
+#: Job threads livekit-agents keeps started ahead of dispatches (at most; see :func:`agent_server`).
+MAX_IDLE_JOB_THREADS = 8
 #: livekit-agents' loop-block monitor threshold (ms; "0" turns the monitor off).
 LOOP_MONITOR_ENV = "LIVEKIT_AGENTS_LOOP_BLOCK_WARN_MS"
 
@@ -58,41 +76,98 @@ class RoomWorker:
 
     Args:
         engines: the started engines; every room speaks with the default one.
-        capacity: speaking sessions the worker takes before it reports itself full.
+        capacity: rooms the worker takes at once (it refuses job requests beyond them).
         sessions: the process's sessions (limits, metrics, drain).
         speak_for: identities allowed to speak through Myna (None: everyone).
+        departure_timeout: seconds Myna stays in a room after the last participant other than
+            agents left (0: it leaves at once).
     """
 
     engines: Engines
     capacity: int
     sessions: Sessions = field(default_factory=Sessions)
     speak_for: frozenset[str] | None = None
+    departure_timeout: float = DEPARTURE_TIMEOUT
     agents: dict[RoomAgent, asyncio.AbstractEventLoop] = field(default_factory=dict)  # each room and its job's loop
 
     def __post_init__(self) -> None:
         if self.capacity < 1:
-            raise ValueError("capacity must be at least 1 speaking session")
+            raise ValueError("capacity must be at least 1 room")
         self._home = asyncio.get_running_loop()
         self._bridged = BridgedEngine(self.engines[self.engines.default], self._home)
+        self._lock = threading.Lock()  # requests arrive on the home loop, rooms end on job threads
+        self._accepted: set[str] = set()  # ids of the jobs accepted and not yet ended
+        self._rooms: dict[str, str] = {}  # job id → room name, of those jobs
+        self._started: set[str] = set()  # ids of the accepted jobs whose entry point runs
+        self.refused = 0  # job requests refused (at capacity or draining)
+
+    @property
+    def accepted(self) -> int:
+        """Rooms accepted and not yet left."""
+        with self._lock:
+            return len(self._accepted)
 
     def load(self) -> float:
-        """Speaking sessions ÷ capacity, at most 1 (called from livekit-agents' thread pool)."""
-        speaking = sum(1 for agent in list(self.agents) if agent.router is not None and agent.router.speaking())
-        return min(1.0, speaking / self.capacity)
+        """Rooms whose job has started ÷ capacity, at most 1 (called from livekit-agents' thread
+        pool). Rooms accepted but not yet started are left out: livekit-agents adds its own
+        reserved slots for those (1 ÷ capacity each once a job runs), and counting them twice
+        would refuse requests within capacity in a burst."""
+        with self._lock:
+            return min(1.0, len(self._started) / self.capacity)
+
+    async def request(self, req: JobRequest) -> None:
+        """Answer one job request: accept it while fewer than ``capacity`` rooms are accepted and
+        the worker does not drain, else refuse it (the server offers it to another worker)."""
+        with self._lock:
+            served = req.room.name in self._rooms.values()
+            full = self.sessions.draining or len(self._accepted) >= self.capacity
+            if not (full or served):
+                self._accepted.add(req.id)
+                self._rooms[req.id] = req.room.name
+            held = len(self._accepted)
+        if served:
+            self.refused += 1
+            log.info("refused room %r: this worker serves it already (one Myna per room)", req.room.name)
+            await req.reject(terminate=False)
+            return
+        if full:
+            self.refused += 1
+            log.info("refused room %r: %s (%d of %d rooms)", req.room.name,
+                     "draining" if self.sessions.draining else "at capacity", held, self.capacity)
+            await req.reject(terminate=False)
+            return
+        log.info("accepted room %r (%d of %d rooms)", req.room.name, held, self.capacity)
+        try:
+            await req.accept()
+        except BaseException:  # the assignment never came: the room was never ours
+            self._release(req.id)
+            raise
+
+    def _release(self, job_id: str) -> None:
+        with self._lock:
+            self._accepted.discard(job_id)
+            self._rooms.pop(job_id, None)
+            self._started.discard(job_id)
 
     async def entrypoint(self, ctx: JobContext) -> None:
         """One dispatched room (runs on the job's own thread and loop)."""
-        agent = RoomAgent(ctx.room, self._bridged, self.sessions, engines=list(self.engines),
-                          voice=self.engines.voice_for(self.engines.default), speak_for=self.speak_for,
-                          leave_when_empty=True, attributes={WORKER_ATTRIBUTE: ctx.worker_id})
-        agent.attach()
-        await ctx.connect(auto_subscribe=AutoSubscribe.SUBSCRIBE_NONE)
-        await agent.start()
-        self.agents[agent] = asyncio.get_running_loop()
+        with self._lock:
+            self._started.add(ctx.job.id)
         try:
-            await agent.run()
+            agent = RoomAgent(ctx.room, self._bridged, self.sessions, engines=list(self.engines),
+                              voice=self.engines.voice_for(self.engines.default), speak_for=self.speak_for,
+                              leave_when_empty=True, attributes={WORKER_ATTRIBUTE: ctx.worker_id},
+                              departure_timeout=self.departure_timeout)
+            agent.attach()
+            await ctx.connect(auto_subscribe=AutoSubscribe.SUBSCRIBE_NONE)
+            await agent.start()
+            self.agents[agent] = asyncio.get_running_loop()
+            try:
+                await agent.run()
+            finally:
+                self.agents.pop(agent, None)
         finally:
-            self.agents.pop(agent, None)
+            self._release(ctx.job.id)
             ctx.shutdown("room served")
 
     async def drain(self, server: AgentServer, timeout: float) -> bool:
@@ -110,20 +185,26 @@ class RoomWorker:
 
 
 def agent_server(worker: RoomWorker, url: str, key: str, secret: str, agent_name: str = DEFAULT_AGENT_NAME,
-                 http_port: int = 0, max_retry: int = 16) -> AgentServer:
+                 http_port: int = 0, max_retry: int = 16, drain_timeout: float = 30.0) -> AgentServer:
     """livekit-agents' ``AgentServer`` for ``worker``, registering as ``agent_name``.
 
     Its health endpoint (``GET /``, ``GET /worker``) binds 127.0.0.1 on ``http_port``
     (0: any free port). Job loops run without livekit-agents' loop-block monitor unless
-    :data:`LOOP_MONITOR_ENV` is set (see the module docstring, "CPU").
+    :data:`LOOP_MONITOR_ENV` is set (see the module docstring, "CPU"). Job requests go to
+    :meth:`RoomWorker.request`; the framework's drain and shutdown bounds are set beyond
+    ``drain_timeout`` (s) so that they never cut Myna's drain short (module docstring, "Drain").
     """
     os.environ.setdefault(LOOP_MONITOR_ENV, "0")  # read by each job thread as it starts
     server = AgentServer(
         ws_url=url, api_key=key, api_secret=secret,
         job_executor_type=JobExecutorType.THREAD,
         load_fnc=worker.load, load_threshold=1.0,
-        num_idle_processes=2,
+        # livekit-agents reserves 1 / num_idle_processes of its load threshold per accepted job
+        # while none has started yet: one idle job thread per room of capacity (up to 8) lets a
+        # burst of dispatches up to capacity through (with 2, a third at once was refused).
+        num_idle_processes=min(worker.capacity, MAX_IDLE_JOB_THREADS),
         host="127.0.0.1", port=http_port, max_retry=max_retry,
+        drain_timeout=math.ceil(drain_timeout) + 30, shutdown_process_timeout=drain_timeout + 15.0,
     )
-    server.rtc_session(worker.entrypoint, agent_name=agent_name)
+    server.rtc_session(worker.entrypoint, agent_name=agent_name, on_request=worker.request)
     return server
