@@ -29,6 +29,8 @@ MAX_TURN_ID = 128
 QUOTED_INPUT_CHARS = 64
 #: Output rates a WebSocket client may ask for in ``config`` (Hz).
 MIN_RATE, MAX_RATE = 8_000, 96_000
+#: Audio formats of the WebSocket's binary messages (``config.format``): s16le PCM, or G.711.
+WS_FORMATS = ("pcm_s16le", "pcm_mulaw", "pcm_alaw")
 
 
 @dataclass(frozen=True)
@@ -53,13 +55,16 @@ class Interrupt:
 
 @dataclass(frozen=True)
 class Config:
-    """``{"type": "config", "engine"?, "voice"?, "sample_rate"?}`` (WebSocket only); None: unchanged.
+    """``{"type": "config", "engine"?, "voice"?, "sample_rate"?, "format"?}`` (WebSocket only);
+    None: unchanged (``sample_rate``: the engine's own, or 8000 for G.711).
 
-    ``sample_rate`` is in Hz, :data:`MIN_RATE` to :data:`MAX_RATE`."""
+    ``sample_rate`` is in Hz, :data:`MIN_RATE` to :data:`MAX_RATE`; ``format`` one of
+    :data:`WS_FORMATS` (``pcm_mulaw`` and ``pcm_alaw`` are G.711 at 8 kHz only)."""
 
     engine: str | None = None
     voice: str | None = None
     sample_rate: int | None = None
+    format: str | None = None
 
 
 Message = Text | EndTurn | Interrupt | Config
@@ -135,7 +140,12 @@ def _config(obj: dict) -> Config:
         raise BadMessage("bad_config", '"engine" and "voice" must be strings')
     if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int) or not MIN_RATE <= rate <= MAX_RATE):
         raise BadMessage("bad_config", f'"sample_rate" must be an integer from {MIN_RATE} to {MAX_RATE} (Hz)')
-    return Config(engine, voice, rate)
+    fmt = obj.get("format")
+    if fmt is not None and fmt not in WS_FORMATS:
+        raise BadMessage("bad_config", f'"format" must be one of {", ".join(WS_FORMATS)}')
+    if fmt in ("pcm_mulaw", "pcm_alaw") and rate not in (None, 8000):
+        raise BadMessage("bad_config", f'"{fmt}" is G.711: its "sample_rate" is 8000 Hz')
+    return Config(engine, voice, rate, fmt)
 
 
 def _valid_turn_id(turn_id: object) -> str | None:

@@ -9,9 +9,11 @@ in between the turn's ``turn_started`` and ``turn_done``.
 Follow one connection:
 
 1. The worker sends ``{"type": "ready", "engines", "engine", "voice", "sample_rate"}`` at once.
-2. The client may send ``{"type": "config", "engine"?, "voice"?, "sample_rate"?}`` before its
-   first turn; it is answered with a new ``ready`` (or an ``error``, keeping the previous
-   settings). ``sample_rate`` defaults to the engine's native rate (Piper: 22050 Hz).
+2. The client may send ``{"type": "config", "engine"?, "voice"?, "sample_rate"?, "format"?}``
+   before its first turn; it is answered with a new ``ready`` (or an ``error``, keeping the
+   previous settings). ``sample_rate`` defaults to the engine's native rate (Piper: 22050 Hz).
+   ``format`` ``pcm_mulaw`` / ``pcm_alaw`` sends G.711 at 8 kHz instead of s16le PCM
+   (:class:`~myna.audio.encode.EncodingSink`: FFmpeg's encoders, one byte a sample).
 3. ``text`` / ``end_turn`` / ``interrupt`` as on the data channel, each parsed once
    (:func:`myna.messages.parse_message`) and handed to the session. Turns are sequential: a
    turn queued behind another gets its ``turn_started`` once the one before it is done, so
@@ -35,6 +37,7 @@ from collections import deque
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from myna.audio.encode import FORMATS, G711_RATE, EncodingSink
 from myna.audio.unpaced import UnpacedOutput
 from myna.engines import Engine
 from myna.errors import MynaError
@@ -144,12 +147,13 @@ class StreamConnection:
         self.engine: Engine = worker.engines[worker.default_engine]
         self.voice: str | None = worker.engines.voice_for(self.engine.name)
         self.sample_rate = self.engine.sample_rate
+        self.format = "pcm_s16le"  # or G.711 (config.format)
         self.outbox = Outbox(ws)
         self.session: Session | None = None  # opened by the first turn message
 
     def ready_event(self) -> Ready:
         return Ready(engines=list(self._worker.engines), engine=self.engine.name, voice=self.voice,
-                     sample_rate=self.sample_rate, scripts=sorted(self.engine.scripts))
+                     sample_rate=self.sample_rate, scripts=sorted(self.engine.scripts), format=self.format)
 
     async def run(self) -> None:
         """Serve the connection until the client closes it."""
@@ -185,8 +189,9 @@ class StreamConnection:
             except MynaError as exc:
                 self._error(exc.code, f"{exc.message}; choose another with config")
                 return
+            sink = self.outbox if self.format == "pcm_s16le" else EncodingSink(self.outbox, FORMATS[self.format])
             self.session = self._worker.sessions.open(
-                self.engine, lambda s: UnpacedOutput.for_session(s, self.outbox, self.sample_rate),
+                self.engine, lambda s: UnpacedOutput.for_session(s, sink, self.sample_rate),
                 self.outbox.put_event, voice=self.voice)
         self.session.handle(message)
 
@@ -201,8 +206,12 @@ class StreamConnection:
         except MynaError as exc:  # unknown_engine, unknown_voice, forbidden: the settings stay
             self._error(exc.code, exc.message)
             return
-        self.engine, self.voice = engine, voice
-        self.sample_rate = config.sample_rate or engine.sample_rate
+        fmt = config.format or self.format
+        if fmt != "pcm_s16le" and config.sample_rate not in (None, G711_RATE):  # (a rate kept from before)
+            self._error("bad_config", f'"{fmt}" is G.711: its "sample_rate" is {G711_RATE} Hz')
+            return
+        self.engine, self.voice, self.format = engine, voice, fmt
+        self.sample_rate = config.sample_rate or (engine.sample_rate if fmt == "pcm_s16le" else G711_RATE)
         self.outbox.put_event(self.ready_event())
 
     def _error(self, code: str, message: str, turn_id: str | None = None) -> None:
