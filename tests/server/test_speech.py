@@ -18,6 +18,7 @@ import numpy as np
 import openai
 import pytest
 
+from g711 import alaw_to_s16, ulaw_to_s16
 from inprocess import ToneEngine
 from myna.audio.encode import FORMATS, StreamEncoder
 from myna.bench.soak import serve_in_process
@@ -39,22 +40,6 @@ def worker(**limits) -> Worker:
 
 def client(url: str, token: str = "unused") -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=url + "/v1", api_key=token, max_retries=0)
-
-
-def ulaw_to_s16(data: bytes) -> np.ndarray:
-    """ITU-T G.711 µ-law → int16, by the textbook formula (not FFmpeg's code)."""
-    u = ~np.frombuffer(data, dtype=np.uint8)
-    exponent, mantissa = (u >> 4) & 7, u & 0x0F
-    magnitude = (((mantissa.astype(np.int32) << 3) + 0x84) << exponent) - 0x84
-    return np.where(u & 0x80, -magnitude, magnitude).astype(np.int16)
-
-
-def alaw_to_s16(data: bytes) -> np.ndarray:
-    """ITU-T G.711 A-law → int16, by the textbook formula (not FFmpeg's code)."""
-    a = np.frombuffer(data, dtype=np.uint8) ^ 0x55
-    exponent, mantissa = ((a >> 4) & 7).astype(np.int32), (a & 0x0F).astype(np.int32)
-    magnitude = np.where(exponent == 0, (mantissa << 4) + 8, ((mantissa << 4) + 0x108) << np.maximum(exponent - 1, 0))
-    return np.where(a & 0x80, magnitude, -magnitude).astype(np.int16)
 
 
 def decoded_seconds(data: bytes) -> tuple[float, int]:
