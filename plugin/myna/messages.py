@@ -8,6 +8,7 @@ stream, the in-process plug-ins) builds the messages itself.
 - :class:`Text`: a chunk of a turn's text (it may split words anywhere);
 - :class:`EndTurn`: the turn's text is complete;
 - :class:`Interrupt`: drop every turn now (barge-in);
+- :class:`Cancel`: drop one turn (queued or playing), keep the others;
 - :class:`Config`: the WebSocket's settings, before its first turn.
 
 A message that breaks the contract raises :class:`BadMessage` (its ``code`` and ``message``
@@ -54,6 +55,13 @@ class Interrupt:
 
 
 @dataclass(frozen=True)
+class Cancel:
+    """``{"type": "cancel", "turn_id"}``: drop this one turn, queued or playing; the others play on."""
+
+    turn_id: str
+
+
+@dataclass(frozen=True)
 class Config:
     """``{"type": "config", "engine"?, "voice"?, "sample_rate"?, "format"?}`` (WebSocket only);
     None: unchanged (``sample_rate``: the engine's own, or 8000 for G.711).
@@ -67,7 +75,7 @@ class Config:
     format: str | None = None
 
 
-Message = Text | EndTurn | Interrupt | Config
+Message = Text | EndTurn | Interrupt | Cancel | Config
 
 
 class BadMessage(MynaError):
@@ -129,6 +137,10 @@ def message_from(obj: dict, *, config: bool = False) -> Message:
         return EndTurn(turn_id)
     if kind == "interrupt":
         return Interrupt()
+    if kind == "cancel":
+        if turn_id is None:
+            raise BadMessage("bad_message", f'"cancel" needs a "turn_id" (string, 1-{MAX_TURN_ID} chars)')
+        return Cancel(turn_id)
     if kind == "config" and config:
         return _config(obj)
     raise BadMessage("unknown_type", f"unknown message type {quote_input(kind)}", turn_id)

@@ -204,5 +204,5 @@ class EncodingSink:
         if data:
             self._sink.put_audio(turn_id, data)
 
-    def drop_audio(self) -> None:
-        self._sink.drop_audio()
+    def drop_audio(self, turn_id: str | None = None) -> None:
+        self._sink.drop_audio(turn_id)

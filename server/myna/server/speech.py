@@ -177,8 +177,8 @@ class SpeechTurn:
             self._items.append(pcm)
         self._wake.set()
 
-    def drop_audio(self) -> None:
-        self._items.clear()
+    def drop_audio(self, turn_id: str | None = None) -> None:
+        self._items.clear()  # (one turn)
         self._queued = 0
 
     def _event(self, event: Event) -> None:

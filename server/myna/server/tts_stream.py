@@ -69,7 +69,7 @@ class Outbox:
 
     def __init__(self, ws: web.WebSocketResponse, max_audio_bytes: int = MAX_QUEUED_AUDIO_BYTES):
         self._ws = ws
-        self._items: deque[str | bytes] = deque()
+        self._items: deque = deque()  # JSON text, (turn_id, PCM bytes) or _CLOSE
         self._max_audio_bytes = max_audio_bytes
         self._audio_bytes = 0  # PCM queued, not yet handed to the socket
         self.overflowed = False
@@ -97,13 +97,16 @@ class Outbox:
                                  message=f"over {self._max_audio_bytes // 2**20} MiB of audio unread; closing"))
             self._items.append(_CLOSE)
         else:  # in messages of at most 16 KiB (an even size: whole samples), like every other
-            self._items.extend(pcm[i : i + MAX_MESSAGE_BYTES] for i in range(0, len(pcm), MAX_MESSAGE_BYTES))
+            self._items.extend((turn_id, pcm[i : i + MAX_MESSAGE_BYTES]) for i in range(0, len(pcm), MAX_MESSAGE_BYTES))
         self._wake.set()
 
-    def drop_audio(self) -> None:
-        """Forget every PCM message not yet sent (barge-in); events stay in order."""
-        self._items = deque(item for item in self._items if not isinstance(item, bytes))
-        self._audio_bytes = 0
+    def drop_audio(self, turn_id: str | None = None) -> None:
+        """Forget every PCM message not yet sent (barge-in), or only turn ``turn_id``'s
+        (``cancel``); events stay in order."""
+        kept = deque(item for item in self._items
+                     if not isinstance(item, tuple) or (turn_id is not None and item[0] != turn_id))
+        self._items = kept
+        self._audio_bytes = sum(len(item[1]) for item in kept if isinstance(item, tuple))
 
     async def _write(self) -> None:
         try:
@@ -118,8 +121,8 @@ class Outbox:
                     if isinstance(item, str):
                         await self._ws.send_str(item)
                     else:
-                        self._audio_bytes -= len(item)
-                        await self._ws.send_bytes(item)
+                        self._audio_bytes -= len(item[1])
+                        await self._ws.send_bytes(item[1])
         except (ConnectionError, RuntimeError) as exc:  # the peer went away mid-send
             log.debug("tts stream writer stopped: %s", exc)
 
