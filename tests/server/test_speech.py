@@ -147,6 +147,8 @@ async def test_bad_requests_get_openai_errors_naming_the_field():
             (dict(model="tone", voice="no-such-voice", input="hi"), 400, "voice", "unknown_voice"),
             (dict(model="tone", voice="alloy", input=""), 400, "input", "bad_request"),
             (dict(model="tone", voice="alloy", input="x" * 51), 400, "input", "turn_too_long"),
+            (dict(model="tone", voice="alloy", input="..."), 400, "input", "nothing_to_speak"),
+            (dict(model="tone", voice="alloy", input="Привет мир"), 400, "input", "unsupported_language"),
             (dict(model="tone", voice="alloy", input="hi", extra_body={"stream_format": "sse"}), 400,
              "stream_format", "unsupported_stream_format"),
         ]

@@ -236,10 +236,10 @@ class SpeechTurn:
     def _refusal(self) -> web.Response:
         """The error response of a turn that ended without audio."""
         if not self.errors:
+            self._worker.metrics.errors.labels("nothing_to_speak").inc()
             return openai_error(400, "nothing_to_speak", "the input has nothing to speak", "input")
-        error = self.errors[0]
+        error = self.errors[0]  # (counted in the metrics by the session)
         status = 503 if error.code == "draining" else 400 if error.code in _CLIENT_CODES else 500
-        self._worker.metrics.errors.labels(error.code).inc()
         return openai_error(status, error.code, error.message, "input" if status == 400 else None,
                             30 if status == 503 else None)
 
