@@ -53,8 +53,8 @@ class Event:
 @dataclass(frozen=True, kw_only=True)
 class Ready(Event):
     """The session is open: the worker's engines, the one in use and the audio rate (Hz).
-    The WebSocket's ``ready`` also carries ``voice`` (None: the default) and ``scripts``
-    (the scripts the voice reads)."""
+    The WebSocket's ``ready`` also carries ``voice`` (None: the default), ``scripts``
+    (the scripts the voice reads) and ``format`` (its binary messages' encoding)."""
 
     type: ClassVar[str] = "ready"
     engines: list[str]
@@ -62,6 +62,7 @@ class Ready(Event):
     voice: str | None = _optional()
     sample_rate: int
     scripts: list[str] = _optional()
+    format: str = _optional()
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,6 +8,7 @@ stream, the in-process plug-ins) builds the messages itself.
 - :class:`Text`: a chunk of a turn's text (it may split words anywhere);
 - :class:`EndTurn`: the turn's text is complete;
 - :class:`Interrupt`: drop every turn now (barge-in);
+- :class:`Cancel`: drop one turn (queued or playing), keep the others;
 - :class:`Config`: the WebSocket's settings, before its first turn.
 
 A message that breaks the contract raises :class:`BadMessage` (its ``code`` and ``message``
@@ -29,6 +30,8 @@ MAX_TURN_ID = 128
 QUOTED_INPUT_CHARS = 64
 #: Output rates a WebSocket client may ask for in ``config`` (Hz).
 MIN_RATE, MAX_RATE = 8_000, 96_000
+#: Audio formats of the WebSocket's binary messages (``config.format``): s16le PCM, or G.711.
+WS_FORMATS = ("pcm_s16le", "pcm_mulaw", "pcm_alaw")
 
 
 @dataclass(frozen=True)
@@ -52,17 +55,27 @@ class Interrupt:
 
 
 @dataclass(frozen=True)
-class Config:
-    """``{"type": "config", "engine"?, "voice"?, "sample_rate"?}`` (WebSocket only); None: unchanged.
+class Cancel:
+    """``{"type": "cancel", "turn_id"}``: drop this one turn, queued or playing; the others play on."""
 
-    ``sample_rate`` is in Hz, :data:`MIN_RATE` to :data:`MAX_RATE`."""
+    turn_id: str
+
+
+@dataclass(frozen=True)
+class Config:
+    """``{"type": "config", "engine"?, "voice"?, "sample_rate"?, "format"?}`` (WebSocket only);
+    None: unchanged (``sample_rate``: the engine's own, or 8000 for G.711).
+
+    ``sample_rate`` is in Hz, :data:`MIN_RATE` to :data:`MAX_RATE`; ``format`` one of
+    :data:`WS_FORMATS` (``pcm_mulaw`` and ``pcm_alaw`` are G.711 at 8 kHz only)."""
 
     engine: str | None = None
     voice: str | None = None
     sample_rate: int | None = None
+    format: str | None = None
 
 
-Message = Text | EndTurn | Interrupt | Config
+Message = Text | EndTurn | Interrupt | Cancel | Config
 
 
 class BadMessage(MynaError):
@@ -124,6 +137,10 @@ def message_from(obj: dict, *, config: bool = False) -> Message:
         return EndTurn(turn_id)
     if kind == "interrupt":
         return Interrupt()
+    if kind == "cancel":
+        if turn_id is None:
+            raise BadMessage("bad_message", f'"cancel" needs a "turn_id" (string, 1-{MAX_TURN_ID} chars)')
+        return Cancel(turn_id)
     if kind == "config" and config:
         return _config(obj)
     raise BadMessage("unknown_type", f"unknown message type {quote_input(kind)}", turn_id)
@@ -135,7 +152,12 @@ def _config(obj: dict) -> Config:
         raise BadMessage("bad_config", '"engine" and "voice" must be strings')
     if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int) or not MIN_RATE <= rate <= MAX_RATE):
         raise BadMessage("bad_config", f'"sample_rate" must be an integer from {MIN_RATE} to {MAX_RATE} (Hz)')
-    return Config(engine, voice, rate)
+    fmt = obj.get("format")
+    if fmt is not None and fmt not in WS_FORMATS:
+        raise BadMessage("bad_config", f'"format" must be one of {", ".join(WS_FORMATS)}')
+    if fmt in ("pcm_mulaw", "pcm_alaw") and rate not in (None, 8000):
+        raise BadMessage("bad_config", f'"{fmt}" is G.711: its "sample_rate" is 8000 Hz')
+    return Config(engine, voice, rate, fmt)
 
 
 def _valid_turn_id(turn_id: object) -> str | None:

@@ -19,7 +19,8 @@ Rules every door gets:
   previous turn (as ``end_turn`` would) and queues the new turn behind every turn already
   queued. A door with one client has one sender; a door with several (a LiveKit room) names
   the sender of each message (``handle(message, sender)``), so one sender's new turn never cuts
-  another sender's turn short: it waits behind it, whole. ``interrupt`` drops every turn.
+  another sender's turn short: it waits behind it, whole. ``interrupt`` drops every turn,
+  ``cancel`` one of them (queued or playing), the others playing on.
 - Limits (:class:`~myna.limits.Limits`): ``max_turn_chars`` (past it ``turn_too_long``: the turn
   speaks what came before and its input ends), ``max_queued_turns`` (``too_many_turns``) and
   ``turn_idle_s``: a turn whose input gets no text for that long (the sender crashed, a
@@ -49,7 +50,7 @@ from myna.audio.turns import Gaps, as_mono_float32
 from myna.engines import AudioChunk, Engine, EngineError, ErrorEvent, FallbackEvent, SynthesisStream
 from myna.events import Error, Event, Fallback, FirstAudio, Ready, TurnDone
 from myna.limits import Limits
-from myna.messages import BadMessage, EndTurn, Interrupt, Message, Text, parse_message, quote_input
+from myna.messages import BadMessage, Cancel, EndTurn, Interrupt, Message, Text, parse_message, quote_input
 from myna.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,10 @@ class TurnOutput(Protocol):
     def interrupt(self) -> list[Event]:
         """Drop every queued turn now; returns the events that end them (each one's
         ``turn_done`` with ``"interrupted": True``, the playing one first)."""
+
+    def cancel(self, turn_id: str) -> list[Event]:
+        """Drop one turn now, queued or playing; returns the events that end it (its
+        ``turn_done`` with ``"interrupted": True``; none for a turn it does not hold)."""
 
     def reset(self) -> None:
         """Forget every turn at once (the output itself failed)."""
@@ -172,6 +177,8 @@ class Session:
                 self._on_end_turn(message.turn_id, sender)
             elif isinstance(message, Interrupt):
                 self.interrupt()
+            elif isinstance(message, Cancel):
+                self.cancel(message.turn_id)
             else:  # Config belongs to the WebSocket, before its session exists
                 raise BadMessage("unknown_type", f"unknown message type {quote_input('config')}")
         except (BadMessage, EngineError) as exc:
@@ -251,6 +258,29 @@ class Session:
     def interrupt(self) -> None:
         """Barge-in: cancel synthesis of every turn and drop its queued audio."""
         for event in self._output.interrupt():
+            self.on_output_event(event)
+
+    def cancel(self, turn_id: str) -> None:
+        """Drop one turn, queued or playing: its synthesis stops, its audio not yet handed out
+        is dropped, it ends with ``turn_done`` ``"interrupted": true``; the other turns go on.
+        A turn that has ended already is left alone (a cancel that crossed its ``turn_done``).
+
+        Raises:
+            BadMessage: ``unknown_turn``: no turn of this session ever had ``turn_id``.
+        """
+        if turn_id in self._past_turns:
+            return
+        turn = self._turns.get(turn_id)
+        if turn is None:
+            raise BadMessage("unknown_turn", "no turn of this session has this turn_id")
+        turn.input_ended = True  # (text for it now: turn_ended)
+        if turn.idle_timer is not None:
+            turn.idle_timer.cancel()
+            turn.idle_timer = None
+        if self._open_turns.get(turn.sender) == turn_id:
+            del self._open_turns[turn.sender]
+        turn.stream.cancel()  # synthesis stops now, whenever the output ends the turn
+        for event in self._output.cancel(turn_id):
             self.on_output_event(event)
 
     def audio_runs_out_at(self) -> float:

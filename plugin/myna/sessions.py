@@ -121,7 +121,7 @@ def add_session_arguments(parser: argparse.ArgumentParser, *, admission: bool = 
         g.add_argument("--max-sessions-per-client", type=int, default=d.max_sessions_per_client,
                        help="sessions per token identity (per address without keys) (default: %(default)s)")
         g.add_argument("--offer-rate", type=float, default=d.offer_rate,
-                       help="offers and WebSocket connections per second per client (default: %(default)s)")
+                       help="offers, WebSocket connections and speech requests per second per client (default: %(default)s)")
         g.add_argument("--offer-burst", type=int, default=d.offer_burst,
                        help="offers back to back before --offer-rate applies (default: %(default)s)")
     g.add_argument("--message-rate", type=float, default=d.message_rate,

@@ -34,7 +34,7 @@ async def test_a_slow_consumer_is_closed_once_its_unsent_audio_passes_the_cap():
         outbox.put_audio("t", b"\x00" * 1000)
         await asyncio.sleep(0)
     assert outbox.overflowed
-    assert sum(len(i) for i in outbox._items if isinstance(i, bytes)) == 0  # the backlog was dropped
+    assert sum(len(i[1]) for i in outbox._items if isinstance(i, tuple)) == 0  # the backlog was dropped
     ws._stuck.set()  # the peer reads again: the error goes out, then the close
     for _ in range(20):
         await asyncio.sleep(0)

@@ -163,6 +163,16 @@ class Playout(TurnQueue):
             turn.close_gap(keep=False)
         return super().interrupt()
 
+    def _cancelled(self, turn: _Turn, head: bool) -> list[Event]:
+        """As :meth:`interrupt` for one turn: a playing turn's next 5 ms are kept, faded to
+        zero; the next turn starts after them by the start rule."""
+        if head and turn.playing and not turn.starving:
+            tail = turn.peek(FADE_SAMPLES)
+            tail *= np.linspace(1.0, 0.0, len(tail), endpoint=False, dtype=np.float32)
+            self._tail = tail
+        turn.close_gap(keep=False)
+        return super()._cancelled(turn, head)
+
     def reset(self) -> None:
         super().reset()
         self._tail = None

@@ -244,6 +244,20 @@ class TurnQueue:
         self._by_id.clear()
         return dropped
 
+    def cancel(self, turn_id: str) -> list[Event]:
+        """Drop one turn, queued or playing (the others stay in order); returns the events that
+        end it: its ``turn_done`` with ``"interrupted": True`` (none if it is not queued)."""
+        turn = self._by_id.pop(turn_id, None)
+        if turn is None:
+            return []
+        head = turn is self._turns[0]
+        self._turns.remove(turn)
+        return self._cancelled(turn, head)
+
+    def _cancelled(self, turn: OutputTurn, head: bool) -> list[Event]:
+        """``turn`` was taken out of the queue (``head``: it was playing); the events that end it."""
+        return [turn.done_event(interrupted=True)]
+
     def reset(self) -> None:
         """Forget every turn now, without reading them (after a failure of the output itself)."""
         self._turns = deque()

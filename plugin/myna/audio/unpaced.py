@@ -37,14 +37,16 @@ class AudioSink(Protocol):
     def put_audio(self, turn_id: str, pcm: bytes) -> None:
         """s16le mono PCM of turn ``turn_id``, at the output's rate, next in order."""
 
-    def drop_audio(self) -> None:
-        """Forget the audio handed over and not yet delivered (barge-in)."""
+    def drop_audio(self, turn_id: str | None = None) -> None:
+        """Forget the audio handed over and not yet delivered: every turn's (barge-in), or
+        only turn ``turn_id``'s (``cancel``)."""
 
 
 class _Turn(OutputTurn):
     def __init__(self, turn_id: str, text_at: float, rate: int):
         super().__init__(turn_id, text_at, rate)
         self.announced = False
+        self.cancelled = False  # (``cancel``: ends, interrupted, when it comes to the head)
 
 
 class UnpacedOutput(TurnQueue):
@@ -100,6 +102,25 @@ class UnpacedOutput(TurnQueue):
         self._runs_out_at = self._clock()  # what was dropped will not be played
         return events
 
+    def cancel(self, turn_id: str) -> list[Event]:
+        """Drop one turn. The playing turn ends now (the audio the sink still holds of it is
+        dropped; its ``turn_done`` goes out, then the next turn starts). A queued turn keeps its
+        place, emptied: its ``turn_started`` and interrupted ``turn_done`` go out back to back
+        when the turns before it are done, so every piece of audio still belongs to the one
+        turn between its ``turn_started`` and ``turn_done``. Returns no events: they are sent."""
+        turn = self._by_id.get(turn_id)
+        if turn is None:
+            return []
+        turn.cancelled = True
+        turn.ended = True
+        turn.take(turn.buffered)
+        turn.words.clear()
+        if turn is self._turns[0] and turn.announced:
+            self._audio.drop_audio(turn.turn_id)
+            self._runs_out_at = self._clock()  # what was dropped will not be played
+        self._drain()
+        return []
+
     def audio_runs_out_at(self) -> float:
         """When a real-time consumer will have played the audio handed out and queued (clock s)."""
         return max(self._clock(), self._runs_out_at) + sum(t.buffered for t in self._turns) / self.rate
@@ -112,6 +133,11 @@ class UnpacedOutput(TurnQueue):
             if not turn.announced:
                 turn.announced = True
                 self._on_event(TurnStarted(turn_id=turn.turn_id))
+            if turn.cancelled:
+                self._turns.popleft()
+                self._by_id.pop(turn.turn_id, None)
+                self._on_event(turn.done_event(interrupted=True))
+                continue
             if turn.buffered:
                 seg = turn.take(turn.buffered)
                 turn.check_first_audio(seg, self._clock(), 0.0, self._on_event)

@@ -327,7 +327,7 @@ class _LocalSession:
         if self.turn is not None and self.turn.turn_id == turn_id:
             self.turn._audio(pcm)
 
-    def drop_audio(self) -> None:
+    def drop_audio(self, turn_id: str | None = None) -> None:
         """(Nothing is held here: audio goes to its turn at once, which drops it once cancelled.)"""
 
     def finish(self, turn: "_LocalTurn") -> None:

@@ -5,6 +5,8 @@ Routes:
 - ``POST /api/offer``, ``PATCH /api/offer``: the WebRTC door (:mod:`myna.server.webrtc`;
   Pipecat SmallWebRTC compatible).
 - ``GET /v1/tts/stream``: the WebSocket door (:mod:`myna.server.tts_stream`).
+- ``POST /v1/audio/speech``, ``GET /v1/models``: the OpenAI speech door (:mod:`myna.server.speech`;
+  its errors are OpenAI's shape).
 - ``GET /healthz``: readiness. 200 ``ready`` once every engine has loaded and warmed up (and
   the phrase cache is filled);
   503 ``starting`` before, ``full`` at the session cap (with ``Retry-After``), ``draining``
@@ -43,6 +45,7 @@ from myna.limits import RETRY_WHEN_FULL_S, Limits, measure_capacity
 from myna.messages import quote_input
 from myna.metrics import Metrics
 from myna.server.auth import Authenticator, Grant, bearer_token
+from myna.server.speech import add_speech
 from myna.server.tts_stream import add_tts_stream
 from myna.server.webrtc import Peers
 from myna.sessions import Sessions
@@ -294,6 +297,7 @@ def create_app(worker: Worker) -> web.Application:
     app.router.add_get("/", _index)
     app.router.add_static("/static/", path=str(files("myna.web")), show_index=False)
     add_tts_stream(app, worker)  # GET /v1/tts/stream
+    add_speech(app, worker)  # POST /v1/audio/speech, GET /v1/models
 
     async def start_engines(app: web.Application):
         worker.loading = asyncio.create_task(worker.start())

@@ -9,9 +9,11 @@ in between the turn's ``turn_started`` and ``turn_done``.
 Follow one connection:
 
 1. The worker sends ``{"type": "ready", "engines", "engine", "voice", "sample_rate"}`` at once.
-2. The client may send ``{"type": "config", "engine"?, "voice"?, "sample_rate"?}`` before its
-   first turn; it is answered with a new ``ready`` (or an ``error``, keeping the previous
-   settings). ``sample_rate`` defaults to the engine's native rate (Piper: 22050 Hz).
+2. The client may send ``{"type": "config", "engine"?, "voice"?, "sample_rate"?, "format"?}``
+   before its first turn; it is answered with a new ``ready`` (or an ``error``, keeping the
+   previous settings). ``sample_rate`` defaults to the engine's native rate (Piper: 22050 Hz).
+   ``format`` ``pcm_mulaw`` / ``pcm_alaw`` sends G.711 at 8 kHz instead of s16le PCM
+   (:class:`~myna.audio.encode.EncodingSink`: FFmpeg's encoders, one byte a sample).
 3. ``text`` / ``end_turn`` / ``interrupt`` as on the data channel, each parsed once
    (:func:`myna.messages.parse_message`) and handed to the session. Turns are sequential: a
    turn queued behind another gets its ``turn_started`` once the one before it is done, so
@@ -35,6 +37,7 @@ from collections import deque
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from myna.audio.encode import FORMATS, G711_RATE, EncodingSink
 from myna.audio.unpaced import UnpacedOutput
 from myna.engines import Engine
 from myna.errors import MynaError
@@ -66,7 +69,7 @@ class Outbox:
 
     def __init__(self, ws: web.WebSocketResponse, max_audio_bytes: int = MAX_QUEUED_AUDIO_BYTES):
         self._ws = ws
-        self._items: deque[str | bytes] = deque()
+        self._items: deque = deque()  # JSON text, (turn_id, PCM bytes) or _CLOSE
         self._max_audio_bytes = max_audio_bytes
         self._audio_bytes = 0  # PCM queued, not yet handed to the socket
         self.overflowed = False
@@ -94,13 +97,16 @@ class Outbox:
                                  message=f"over {self._max_audio_bytes // 2**20} MiB of audio unread; closing"))
             self._items.append(_CLOSE)
         else:  # in messages of at most 16 KiB (an even size: whole samples), like every other
-            self._items.extend(pcm[i : i + MAX_MESSAGE_BYTES] for i in range(0, len(pcm), MAX_MESSAGE_BYTES))
+            self._items.extend((turn_id, pcm[i : i + MAX_MESSAGE_BYTES]) for i in range(0, len(pcm), MAX_MESSAGE_BYTES))
         self._wake.set()
 
-    def drop_audio(self) -> None:
-        """Forget every PCM message not yet sent (barge-in); events stay in order."""
-        self._items = deque(item for item in self._items if not isinstance(item, bytes))
-        self._audio_bytes = 0
+    def drop_audio(self, turn_id: str | None = None) -> None:
+        """Forget every PCM message not yet sent (barge-in), or only turn ``turn_id``'s
+        (``cancel``); events stay in order."""
+        kept = deque(item for item in self._items
+                     if not isinstance(item, tuple) or (turn_id is not None and item[0] != turn_id))
+        self._items = kept
+        self._audio_bytes = sum(len(item[1]) for item in kept if isinstance(item, tuple))
 
     async def _write(self) -> None:
         try:
@@ -115,8 +121,8 @@ class Outbox:
                     if isinstance(item, str):
                         await self._ws.send_str(item)
                     else:
-                        self._audio_bytes -= len(item)
-                        await self._ws.send_bytes(item)
+                        self._audio_bytes -= len(item[1])
+                        await self._ws.send_bytes(item[1])
         except (ConnectionError, RuntimeError) as exc:  # the peer went away mid-send
             log.debug("tts stream writer stopped: %s", exc)
 
@@ -144,12 +150,13 @@ class StreamConnection:
         self.engine: Engine = worker.engines[worker.default_engine]
         self.voice: str | None = worker.engines.voice_for(self.engine.name)
         self.sample_rate = self.engine.sample_rate
+        self.format = "pcm_s16le"  # or G.711 (config.format)
         self.outbox = Outbox(ws)
         self.session: Session | None = None  # opened by the first turn message
 
     def ready_event(self) -> Ready:
         return Ready(engines=list(self._worker.engines), engine=self.engine.name, voice=self.voice,
-                     sample_rate=self.sample_rate, scripts=sorted(self.engine.scripts))
+                     sample_rate=self.sample_rate, scripts=sorted(self.engine.scripts), format=self.format)
 
     async def run(self) -> None:
         """Serve the connection until the client closes it."""
@@ -185,8 +192,9 @@ class StreamConnection:
             except MynaError as exc:
                 self._error(exc.code, f"{exc.message}; choose another with config")
                 return
+            sink = self.outbox if self.format == "pcm_s16le" else EncodingSink(self.outbox, FORMATS[self.format])
             self.session = self._worker.sessions.open(
-                self.engine, lambda s: UnpacedOutput.for_session(s, self.outbox, self.sample_rate),
+                self.engine, lambda s: UnpacedOutput.for_session(s, sink, self.sample_rate),
                 self.outbox.put_event, voice=self.voice)
         self.session.handle(message)
 
@@ -201,8 +209,12 @@ class StreamConnection:
         except MynaError as exc:  # unknown_engine, unknown_voice, forbidden: the settings stay
             self._error(exc.code, exc.message)
             return
-        self.engine, self.voice = engine, voice
-        self.sample_rate = config.sample_rate or engine.sample_rate
+        fmt = config.format or self.format
+        if fmt != "pcm_s16le" and config.sample_rate not in (None, G711_RATE):  # (a rate kept from before)
+            self._error("bad_config", f'"{fmt}" is G.711: its "sample_rate" is {G711_RATE} Hz')
+            return
+        self.engine, self.voice, self.format = engine, voice, fmt
+        self.sample_rate = config.sample_rate or (engine.sample_rate if fmt == "pcm_s16le" else G711_RATE)
         self.outbox.put_event(self.ready_event())
 
     def _error(self, code: str, message: str, turn_id: str | None = None) -> None:

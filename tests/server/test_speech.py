@@ -1,0 +1,246 @@
+"""``POST /v1/audio/speech`` and ``GET /v1/models`` of a worker in this process (tone engine),
+driven by the official ``openai`` client; G.711 on the WebSocket. Loopback only.
+
+What the voice says is checked against the real voice in tests/e2e/test_speech_openai.py;
+here the tone engine's known durations tell whether every format carries all the audio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import io
+import json
+
+import aiohttp
+import av
+import numpy as np
+import openai
+import pytest
+
+from g711 import alaw_to_s16, ulaw_to_s16
+from inprocess import ToneEngine
+from myna.audio.encode import FORMATS, StreamEncoder
+from myna.bench.soak import serve_in_process
+from myna.limits import Limits
+from myna.server.app import Worker
+from myna.server.auth import Authenticator, mint_token
+
+pytestmark = pytest.mark.network
+
+KEY, SECRET = "myna-test-key", "a-test-secret-that-is-long-enough-for-hs256"
+HOUR = datetime.timedelta(hours=1)
+WORD_MS = 120.0  # the tone engine's word
+
+
+def worker(**limits) -> Worker:
+    return Worker(engines={"tone": ToneEngine(), "tone2": ToneEngine("tone2")}, limits=Limits.off() if not limits else
+                  Limits(**{"max_sessions_per_client": None, "offer_rate": None, "message_rate": None, **limits}))
+
+
+def client(url: str, token: str = "unused") -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=url + "/v1", api_key=token, max_retries=0)
+
+
+def decoded_seconds(data: bytes) -> tuple[float, int]:
+    """Duration and rate of an encoded file, decoded by PyAV."""
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.audio[0]
+        samples = sum(frame.samples for frame in container.decode(stream))
+        return samples / stream.rate, stream.rate
+
+
+def test_g711_reference_decoders_agree_with_audioop_and_ffmpeg_encodes_g711():
+    """The textbook decoders above are right (audioop, Python ≤ 3.12's own G.711), so they can
+    check FFmpeg's encoders: a 1 kHz tone comes back within G.711's quantisation."""
+    audioop = pytest.importorskip("audioop")
+    every_byte = bytes(range(256))
+    assert np.array_equal(ulaw_to_s16(every_byte), np.frombuffer(audioop.ulaw2lin(every_byte, 2), np.int16))
+    assert np.array_equal(alaw_to_s16(every_byte), np.frombuffer(audioop.alaw2lin(every_byte, 2), np.int16))
+    x = (0.5 * 32767 * np.sin(2 * np.pi * 1000 * np.arange(8000) / 8000)).astype(np.int16)
+    for name, decode in (("pcm_mulaw", ulaw_to_s16), ("pcm_alaw", alaw_to_s16)):
+        encoder = StreamEncoder(FORMATS[name])
+        data = encoder.encode(x[:3000].tobytes()) + encoder.encode(x[3000:].tobytes()) + encoder.finish()
+        assert len(data) == len(x)  # one byte a sample, nothing held back
+        error = decode(data).astype(np.int32) - x
+        assert np.abs(error).max() <= 0.04 * 32767 and np.sqrt(np.mean(error**2.0)) < 0.01 * 32767, name
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+async def test_every_response_format_carries_all_the_audio(fmt):
+    async with serve_in_process(worker()) as url:
+        speech = await client(url).audio.speech.create(model="tts-1", voice="alloy", input="one two three four five",
+                                                        response_format=fmt)
+        data = speech.content
+        assert speech.response.headers["Content-Type"] == FORMATS[fmt].content_type
+        assert speech.response.headers["Transfer-Encoding"] == "chunked"
+    expected_s = 5 * WORD_MS / 1000
+    if fmt == "pcm":  # OpenAI's pcm: s16le mono at 24 kHz, no header
+        seconds, rate = len(data) / 2 / 24_000, 24_000
+        assert np.abs(np.frombuffer(data, np.int16)).max() > 0.3 * 32767
+    elif fmt in ("pcm_mulaw", "pcm_alaw"):  # raw G.711, 8 kHz, one byte a sample
+        seconds, rate = len(data) / 8000, 8000
+        pcm = (ulaw_to_s16 if fmt == "pcm_mulaw" else alaw_to_s16)(data)
+        assert 0.3 * 32767 < np.abs(pcm).max() < 0.5 * 32767  # the tone's 0.4 of full scale
+    else:
+        seconds, rate = decoded_seconds(data)
+    # (encoders with a frame size pad the last frame; Opus decodes at 48 kHz)
+    assert expected_s - 0.005 <= seconds <= expected_s + 0.1, (fmt, seconds)
+    assert rate == {"opus": 48_000, "pcm_mulaw": 8000, "pcm_alaw": 8000}.get(fmt, 24_000)
+
+
+async def test_streamed_response_comes_in_pieces_as_synthesised():
+    async with serve_in_process(worker()) as url:
+        async with client(url).audio.speech.with_streaming_response.create(
+                model="tone", voice="alloy", input=" ".join(["word"] * 40), response_format="pcm") as response:
+            chunks = [chunk async for chunk in response.iter_bytes()]
+    assert len(chunks) > 1 and len(b"".join(chunks)) == 40 * 24 * int(WORD_MS) * 2
+
+
+async def test_models_list_the_engines_and_a_token_sees_its_own():
+    w = worker()
+    w.auth = Authenticator(KEY, SECRET)
+    async with serve_in_process(w) as url:
+        page = await client(url, mint_token(KEY, SECRET, "alice", HOUR)).models.list()
+        assert [m.id for m in page.data] == ["tone", "tone2"] and page.data[0].owned_by == "myna"
+        only = client(url, mint_token(KEY, SECRET, "alice", HOUR, engines=["tone2"]))
+        assert [m.id for m in (await only.models.list()).data] == ["tone2"]
+        assert (await only.models.retrieve("tone2")).id == "tone2"
+        with pytest.raises(openai.NotFoundError):
+            await only.models.retrieve("tone")
+        with pytest.raises(openai.AuthenticationError) as refused:
+            await client(url, "not-a-token").models.list()
+        assert refused.value.body["code"] == "bad_token"
+
+
+async def test_tokens_and_the_engine_a_token_may_use():
+    w = worker()
+    w.auth = Authenticator(KEY, SECRET)
+    async with serve_in_process(w) as url:
+        expired = mint_token(KEY, SECRET, "bob", -datetime.timedelta(minutes=5))
+        for token, error, code in (("garbage", openai.AuthenticationError, "bad_token"),
+                                   (expired, openai.AuthenticationError, "bad_token")):
+            with pytest.raises(error) as refused:
+                await client(url, token).audio.speech.create(model="tone", voice="alloy", input="hello")
+            assert refused.value.body["code"] == code and refused.value.body["type"] == "authentication_error"
+        async with aiohttp.ClientSession() as http:  # OpenAI's client always sends a key: try none at all
+            async with http.post(f"{url}/v1/audio/speech", json={"model": "tone", "input": "hi", "voice": "a"}) as resp:
+                assert resp.status == 401 and (await resp.json())["error"]["code"] == "token_required"
+        tone2_only = client(url, mint_token(KEY, SECRET, "bob", HOUR, engines=["tone2"]))
+        with pytest.raises(openai.PermissionDeniedError) as refused:
+            await tone2_only.audio.speech.create(model="tts-1", voice="alloy", input="hello")  # tts-1: the default, tone
+        assert refused.value.body == {"message": "this token may not use engine 'tone'", "type": "permission_error",
+                                      "param": "model", "code": "forbidden"}
+        speech = await tone2_only.audio.speech.create(model="tone2", voice="alloy", input="hello", response_format="pcm")
+        assert len(speech.content) == 24 * int(WORD_MS) * 2
+
+
+async def test_bad_requests_get_openai_errors_naming_the_field():
+    async with serve_in_process(worker(max_turn_chars=50)) as url:
+        c = client(url)
+        cases = [
+            (dict(model="tone", voice="alloy", input="hi", speed=1.5), 400, "speed", "unsupported_speed"),
+            (dict(model="tone", voice="alloy", input="hi", speed=9.0), 400, "speed", "bad_request"),
+            (dict(model="tone", voice="alloy", input="hi", response_format="ogg"), 400, "response_format",
+             "unsupported_format"),
+            (dict(model="whisper-1", voice="alloy", input="hi"), 404, "model", "model_not_found"),
+            (dict(model="tone", voice="no-such-voice", input="hi"), 400, "voice", "unknown_voice"),
+            (dict(model="tone", voice="alloy", input=""), 400, "input", "bad_request"),
+            (dict(model="tone", voice="alloy", input="x" * 51), 400, "input", "turn_too_long"),
+            (dict(model="tone", voice="alloy", input="..."), 400, "input", "nothing_to_speak"),
+            (dict(model="tone", voice="alloy", input="Привет мир"), 400, "input", "unsupported_language"),
+            (dict(model="tone", voice="alloy", input="hi", extra_body={"stream_format": "sse"}), 400,
+             "stream_format", "unsupported_stream_format"),
+        ]
+        for kwargs, status, param, code in cases:
+            with pytest.raises(openai.APIStatusError) as refused:
+                await c.audio.speech.create(**kwargs)
+            error = refused.value.body
+            assert refused.value.status_code == status and (error["param"], error["code"]) == (param, code), kwargs
+            assert set(error) == {"message", "type", "param", "code"} and error["message"]
+        async with aiohttp.ClientSession() as http:
+            for body in (b"{not json", b"[1, 2]"):
+                async with http.post(f"{url}/v1/audio/speech", data=body) as resp:
+                    error = (await resp.json())["error"]
+                    assert resp.status == 400 and error["type"] == "invalid_request_error", error
+        # instructions are accepted (and cannot be honoured: documented), and the worker still speaks
+        speech = await c.audio.speech.create(model="tone", voice="alloy", input="still here", response_format="pcm",
+                                             instructions="Speak cheerfully.")
+        assert len(speech.content) == 2 * 24 * int(WORD_MS) * 2
+
+
+async def test_limits_apply_full_per_client_and_rate():
+    w = worker(max_sessions_per_client=1)
+    async with serve_in_process(w) as url:
+        c = client(url)
+        # 4 minutes of audio, unread: the response (and its session) stays open on a full socket
+        async with c.audio.speech.with_streaming_response.create(
+                model="tone", voice="alloy", input=" ".join(["word"] * 2000), response_format="pcm"):
+            with pytest.raises(openai.RateLimitError) as refused:  # the same client's second request at once
+                await c.audio.speech.create(model="tone", voice="alloy", input="hi")
+            assert refused.value.body["code"] == "too_many_sessions"
+            assert int(refused.value.response.headers["Retry-After"]) >= 1
+        for _ in range(100):  # the first client went away: its slot is freed
+            if w.sessions.admission.total == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert len((await c.audio.speech.create(model="tone", voice="alloy", input="hi", response_format="pcm")).content)
+    w = worker(offer_rate=0.001, offer_burst=1)
+    async with serve_in_process(w) as url:
+        await client(url).audio.speech.create(model="tone", voice="alloy", input="hi")
+        with pytest.raises(openai.RateLimitError) as refused:
+            await client(url).audio.speech.create(model="tone", voice="alloy", input="hi")
+        assert refused.value.body["code"] == "rate_limited" and refused.value.body["type"] == "rate_limit_error"
+
+
+async def test_a_draining_worker_refuses_speech_with_503():
+    w = worker()
+    async with serve_in_process(w) as url:
+        await w.drain(0)
+        with pytest.raises(openai.InternalServerError) as refused:
+            await client(url).audio.speech.create(model="tone", voice="alloy", input="hi")
+        assert refused.value.status_code == 503 and refused.value.body["code"] == "draining"
+
+
+async def test_a_client_that_goes_away_mid_stream_frees_its_session():
+    w = worker()
+    async with serve_in_process(w) as url:
+        async with aiohttp.ClientSession() as http:
+            body = {"model": "tone", "voice": "alloy", "input": " ".join(["word"] * 200), "response_format": "pcm"}
+            async with http.post(f"{url}/v1/audio/speech", json=body) as resp:
+                await resp.content.readexactly(1000)
+        for _ in range(100):
+            if not w.sessions.all():
+                break
+            await asyncio.sleep(0.05)
+        assert not w.sessions.all() and w.sessions.admission.total == 0
+        speech = await client(url).audio.speech.create(model="tone", voice="alloy", input="hi", response_format="pcm")
+        assert len(speech.content) == 24 * int(WORD_MS) * 2
+
+
+# -- G.711 on the WebSocket ---------------------------------------------------------------------
+@pytest.mark.parametrize("fmt, decode", [("pcm_mulaw", ulaw_to_s16), ("pcm_alaw", alaw_to_s16)])
+async def test_websocket_g711_format(fmt, decode):
+    async with serve_in_process(worker()) as url, aiohttp.ClientSession() as http:
+        async with http.ws_connect(url.replace("http", "ws", 1) + "/v1/tts/stream") as ws:
+            assert (await ws.receive_json())["format"] == "pcm_s16le"
+            await ws.send_json({"type": "config", "format": fmt, "sample_rate": 16000})
+            assert (await ws.receive_json())["code"] == "bad_config"  # G.711 is 8 kHz only
+            await ws.send_json({"type": "config", "format": "speex"})
+            assert (await ws.receive_json())["code"] == "bad_config"
+            await ws.send_json({"type": "config", "format": fmt})
+            ready = await ws.receive_json()
+            assert (ready["format"], ready["sample_rate"]) == (fmt, 8000)
+            await ws.send_json({"type": "text", "turn_id": "a", "text": "one two three"})
+            await ws.send_json({"type": "end_turn", "turn_id": "a"})
+            audio = bytearray()
+            async for msg in ws:
+                if msg.type == aiohttp.WSMsgType.BINARY:
+                    audio += msg.data
+                elif json.loads(msg.data)["type"] == "turn_done":
+                    break
+    assert len(audio) == 3 * 8 * int(WORD_MS)  # one byte a sample at 8 kHz
+    pcm = decode(bytes(audio)).astype(np.float32) / 32768
+    spectrum = np.abs(np.fft.rfft(pcm))
+    assert abs(np.argmax(spectrum) * 8000 / len(pcm) - 440) < 5  # the tone engine's 440 Hz, decoded
+    assert 0.3 < np.abs(pcm).max() < 0.5  # at its 0.4 of full scale
