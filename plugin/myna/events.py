@@ -138,8 +138,29 @@ class Fallback(Event):
     at_word: int
 
 
+@dataclass(frozen=True, kw_only=True)
+class Paused(Event):
+    """Playout stopped (``pause``); ``at_ms``: how far into the turn's audio it stopped (ms),
+    ``resume_ms``: where ``resume`` continues it (the start of the word that was cut, ms)."""
+
+    type: ClassVar[str] = "paused"
+    turn_id: str
+    at_ms: float
+    resume_ms: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resumed(Event):
+    """Playout of the paused turn goes on from ``from_ms`` into its audio (``resume``)."""
+
+    type: ClassVar[str] = "resumed"
+    turn_id: str
+    from_ms: float
+
+
 #: Every event type by its ``type``.
-EVENT_TYPES: dict[str, type[Event]] = {cls.type: cls for cls in (Ready, TurnStarted, FirstAudio, Word, TurnDone, Error, Fallback)}
+EVENT_TYPES: dict[str, type[Event]] = {cls.type: cls for cls in (Ready, TurnStarted, FirstAudio, Word, TurnDone, Error,
+                                                                  Fallback, Paused, Resumed)}
 
 
 def encode_event(event: Event, max_bytes: int = MAX_MESSAGE_BYTES) -> str | None:

@@ -9,6 +9,10 @@ stream, the in-process plug-ins) builds the messages itself.
 - :class:`EndTurn`: the turn's text is complete;
 - :class:`Interrupt`: drop every turn now (barge-in);
 - :class:`Cancel`: drop one turn (queued or playing), keep the others;
+- :class:`Text` with ``prepare`` (the ``prepare`` message) and :class:`Commit`: a turn
+  synthesised ahead and held until it is committed;
+- :class:`Pause` / :class:`Resume`: stop the playing turn, then continue it from the start of
+  the word that was cut;
 - :class:`Config`: the WebSocket's settings, before its first turn.
 
 A message that breaks the contract raises :class:`BadMessage` (its ``code`` and ``message``
@@ -36,10 +40,32 @@ WS_FORMATS = ("pcm_s16le", "pcm_mulaw", "pcm_alaw")
 
 @dataclass(frozen=True)
 class Text:
-    """``{"type": "text", "turn_id", "text"}``: a chunk of a turn's text."""
+    """``{"type": "text", "turn_id", "text"}``: a chunk of a turn's text.
+
+    ``{"type": "prepare", "turn_id", "text"}`` is the same with ``prepare`` True: its turn's
+    first chunk opens it *prepared* (synthesised, held until :class:`Commit`); on a turn
+    already open it is a plain chunk."""
 
     turn_id: str
     text: str
+    prepare: bool = False
+
+
+@dataclass(frozen=True)
+class Commit:
+    """``{"type": "commit", "turn_id"}``: play this prepared turn (in its place in the queue)."""
+
+    turn_id: str
+
+
+@dataclass(frozen=True)
+class Pause:
+    """``{"type": "pause"}``: stop playout now, keeping the playing turn."""
+
+
+@dataclass(frozen=True)
+class Resume:
+    """``{"type": "resume"}``: continue the paused turn from the start of the word that was cut."""
 
 
 @dataclass(frozen=True)
@@ -75,7 +101,7 @@ class Config:
     format: str | None = None
 
 
-Message = Text | EndTurn | Interrupt | Cancel | Config
+Message = Text | EndTurn | Interrupt | Cancel | Commit | Pause | Resume | Config
 
 
 class BadMessage(MynaError):
@@ -124,13 +150,21 @@ def message_from(obj: dict, *, config: bool = False) -> Message:
     """
     kind = obj["type"]
     turn_id = _valid_turn_id(obj.get("turn_id"))
-    if kind == "text":
+    if kind in ("text", "prepare"):
         text = obj.get("text")
         if turn_id is None:
-            raise BadMessage("bad_message", f'"text" needs a "turn_id" (string, 1-{MAX_TURN_ID} chars)')
+            raise BadMessage("bad_message", f'"{kind}" needs a "turn_id" (string, 1-{MAX_TURN_ID} chars)')
         if not isinstance(text, str):
-            raise BadMessage("bad_message", '"text" needs a string "text"', turn_id)
-        return Text(turn_id, text)
+            raise BadMessage("bad_message", f'"{kind}" needs a string "text"', turn_id)
+        return Text(turn_id, text, prepare=kind == "prepare")
+    if kind == "commit":
+        if turn_id is None:
+            raise BadMessage("bad_message", f'"commit" needs a "turn_id" (string, 1-{MAX_TURN_ID} chars)')
+        return Commit(turn_id)
+    if kind == "pause":
+        return Pause()
+    if kind == "resume":
+        return Resume()
     if kind == "end_turn":
         if turn_id is None:
             raise BadMessage("bad_message", f'"end_turn" needs a "turn_id" (string, 1-{MAX_TURN_ID} chars)')

@@ -21,6 +21,14 @@ Rules every door gets:
   the sender of each message (``handle(message, sender)``), so one sender's new turn never cuts
   another sender's turn short: it waits behind it, whole. ``interrupt`` drops every turn,
   ``cancel`` one of them (queued or playing), the others playing on.
+- Prepared turns: a turn opened by ``prepare`` is synthesised like any other (it counts toward
+  the limits and, its audio queued, toward the synthesis horizon) and held, silent, in its
+  place in the queue until ``commit``; ``cancel`` drops it. One not committed within
+  :attr:`Session.prepare_timeout_s` is dropped (``error`` ``prepare_expired``, then its
+  interrupted ``turn_done``).
+- ``pause`` stops the head turn (``paused``), ``resume`` continues it (``resumed``); a turn
+  paused for :attr:`Session.pause_timeout_s` ends by itself (``error`` ``pause_expired``, then
+  its interrupted ``turn_done``) and the turns behind it play.
 - Limits (:class:`~myna.limits.Limits`): ``max_turn_chars`` (past it ``turn_too_long``: the turn
   speaks what came before and its input ends), ``max_queued_turns`` (``too_many_turns``) and
   ``turn_idle_s``: a turn whose input gets no text for that long (the sender crashed, a
@@ -50,10 +58,16 @@ from myna.audio.turns import Gaps, as_mono_float32
 from myna.engines import AudioChunk, Engine, EngineError, ErrorEvent, FallbackEvent, SynthesisStream
 from myna.events import Error, Event, Fallback, FirstAudio, Ready, TurnDone
 from myna.limits import Limits
-from myna.messages import BadMessage, Cancel, EndTurn, Interrupt, Message, Text, parse_message, quote_input
+from myna.messages import (BadMessage, Cancel, Commit, EndTurn, Interrupt, Message, Pause, Resume, Text, parse_message,
+                           quote_input)
 from myna.metrics import Metrics
 
 log = logging.getLogger(__name__)
+
+#: How long a paused turn waits for ``resume`` before it ends by itself (s).
+PAUSE_TIMEOUT_S = 10.0
+#: How long a prepared turn waits for ``commit`` before it is dropped (s).
+PREPARE_TIMEOUT_S = 30.0
 
 #: How many finished or interrupted turn ids a session remembers, to drop late chunks for them.
 REMEMBERED_TURNS = 256
@@ -69,8 +83,22 @@ class TurnOutput(Protocol):
     it describes has been handed to the transport.
     """
 
-    def begin_turn(self, turn_id: str, text_at: float) -> None:
-        """Queue a turn; ``text_at`` is when its first text chunk arrived (monotonic s)."""
+    def begin_turn(self, turn_id: str, text_at: float, held: bool = False) -> None:
+        """Queue a turn; ``text_at`` is when its first text chunk arrived (monotonic s);
+        ``held``: prepared, nothing of it goes out until :meth:`commit`."""
+
+    def commit(self, turn_id: str) -> None:
+        """Release a held turn (it plays in its place in the queue)."""
+
+    def pause(self) -> Event | None:
+        """Stop playout of the head turn; its ``paused`` event (None: no turn, or paused already)."""
+
+    def resume(self) -> Event | None:
+        """Continue the paused turn; its ``resumed`` event (None: nothing paused)."""
+
+    @property
+    def paused_turn(self) -> str | None:
+        """The paused turn's ``turn_id``, or None."""
 
     def push_audio(self, turn_id: str, pcm: np.ndarray, sample_rate: int) -> None:
         """Queue float32 mono PCM ``[n]`` at ``sample_rate`` Hz (ignored for dropped turns)."""
@@ -107,6 +135,8 @@ class _Turn:
     sender: Hashable = None  # who sends the turn's text (None: the door's one client)
     last_text_at: float = 0.0  # loop time of the latest text, for the idle bound
     idle_timer: asyncio.TimerHandle | None = None
+    prepared: bool = False  # opened by ``prepare``, not committed yet
+    prepare_timer: asyncio.TimerHandle | None = None
 
 
 class Session:
@@ -123,7 +153,14 @@ class Session:
         limits: the turn limits applied (``max_turn_chars``, ``max_queued_turns``; None: off).
         max_hold_s: the start rule's budget: the longest a turn's ready first audio may be held (s).
         clock: monotonic clock in seconds.
+
+    Attributes:
+        pause_timeout_s: how long a paused turn waits for ``resume`` (s; :data:`PAUSE_TIMEOUT_S`).
+        prepare_timeout_s: how long a prepared turn waits for ``commit`` (s; :data:`PREPARE_TIMEOUT_S`).
     """
+
+    pause_timeout_s: float = PAUSE_TIMEOUT_S
+    prepare_timeout_s: float = PREPARE_TIMEOUT_S
 
     def __init__(self, engine: Engine, output: Callable[["Session"], TurnOutput], send: EventSink, metrics: Metrics, *,
                  voice: str | None = None, limits: Limits | None = None, max_hold_s: float = MAX_HOLD_S,
@@ -141,6 +178,7 @@ class Session:
         self._closed = False
         self._draining = False
         self._on_close: list[Callable[[], None]] = []
+        self._pause_timer: asyncio.TimerHandle | None = None
         self._output = output(self)
         self.metrics.active_sessions.inc()
 
@@ -172,13 +210,19 @@ class Session:
         turn_id = getattr(message, "turn_id", None)
         try:
             if isinstance(message, Text):
-                self._on_text(message.turn_id, message.text, sender)
+                self._on_text(message.turn_id, message.text, sender, message.prepare)
             elif isinstance(message, EndTurn):
                 self._on_end_turn(message.turn_id, sender)
             elif isinstance(message, Interrupt):
                 self.interrupt()
             elif isinstance(message, Cancel):
                 self.cancel(message.turn_id)
+            elif isinstance(message, Commit):
+                self.commit(message.turn_id)
+            elif isinstance(message, Pause):
+                self.pause()
+            elif isinstance(message, Resume):
+                self.resume()
             else:  # Config belongs to the WebSocket, before its session exists
                 raise BadMessage("unknown_type", f"unknown message type {quote_input('config')}")
         except (BadMessage, EngineError) as exc:
@@ -187,10 +231,10 @@ class Session:
             log.exception("message handling failed")
             self._error("internal", "the message could not be handled", turn_id=turn_id)
 
-    def _on_text(self, turn_id: str, text: str, sender: Hashable = None) -> None:
+    def _on_text(self, turn_id: str, text: str, sender: Hashable = None, prepare: bool = False) -> None:
         if turn_id in self._past_turns:  # a late chunk of a finished or interrupted turn: never speak it
             raise BadMessage("turn_ended", "this turn has ended; use a new turn_id")
-        turn = self._turns.get(turn_id) or self._begin_turn(turn_id, sender)
+        turn = self._turns.get(turn_id) or self._begin_turn(turn_id, sender, prepare)
         if turn.input_ended:
             raise BadMessage("turn_ended", "this turn's input has ended; use a new turn_id")
         turn.chars += len(text)
@@ -208,7 +252,7 @@ class Session:
         turn = self._turns.get(turn_id) or self._begin_turn(turn_id, sender)
         self._end_input(turn)
 
-    def _begin_turn(self, turn_id: str, sender: Hashable = None) -> _Turn:
+    def _begin_turn(self, turn_id: str, sender: Hashable = None, prepare: bool = False) -> _Turn:
         if self._draining:
             raise BadMessage("draining", "the worker is shutting down; finish this session and connect to another")
         cap = self.limits.max_queued_turns
@@ -219,10 +263,16 @@ class Session:
             self._end_input(self._turns[previous])
         stream = self.engine.stream(self.voice, group=self)
         loop = asyncio.get_running_loop()
-        turn = _Turn(turn_id, stream, text_at=self.clock(), sender=sender, last_text_at=loop.time())
+        turn = _Turn(turn_id, stream, text_at=self.clock(), sender=sender, last_text_at=loop.time(), prepared=prepare)
         self._turns[turn_id] = turn
         self._open_turns[sender] = turn_id
-        self._output.begin_turn(turn_id, turn.text_at)
+        if prepare:
+            self._output.begin_turn(turn_id, turn.text_at, held=True)
+            turn.prepare_timer = loop.call_later(self.prepare_timeout_s, self._expire, turn_id, "prepare_expired",
+                                                 f"not committed within {self.prepare_timeout_s:g} s: the prepared "
+                                                 "turn was dropped")
+        else:
+            self._output.begin_turn(turn_id, turn.text_at)
         turn.task = loop.create_task(self._pump(turn))
         if self.limits.turn_idle_s is not None:
             turn.idle_timer = loop.call_later(self.limits.turn_idle_s, self._check_idle, turn)
@@ -282,6 +332,68 @@ class Session:
         turn.stream.cancel()  # synthesis stops now, whenever the output ends the turn
         for event in self._output.cancel(turn_id):
             self.on_output_event(event)
+
+    def commit(self, turn_id: str) -> None:
+        """Play a prepared turn, in its place in the queue: with its synthesis done and no turn
+        before it, its first audio goes out at the output's next frame. A turn that was not
+        prepared, or is committed already, is left alone; so is one that has ended.
+
+        Raises:
+            BadMessage: ``unknown_turn``: no turn of this session ever had ``turn_id``.
+        """
+        if turn_id in self._past_turns:
+            return
+        turn = self._turns.get(turn_id)
+        if turn is None:
+            raise BadMessage("unknown_turn", "no turn of this session has this turn_id")
+        if turn.prepared:
+            turn.prepared = False
+            if turn.prepare_timer is not None:
+                turn.prepare_timer.cancel()
+                turn.prepare_timer = None
+            self._output.commit(turn_id)
+
+    def pause(self) -> None:
+        """Stop playout of the head turn within one frame (``paused`` event); it waits for
+        :meth:`resume` at most :attr:`pause_timeout_s`, then ends by itself. A second pause is
+        ignored.
+
+        Raises:
+            BadMessage: ``nothing_playing``: no turn is queued.
+        """
+        if self._output.paused_turn is not None:
+            return
+        event = self._output.pause()
+        if event is None:
+            raise BadMessage("nothing_playing", "there is no turn to pause")
+        loop = asyncio.get_running_loop()
+        self._pause_timer = loop.call_later(self.pause_timeout_s, self._expire, event.turn_id, "pause_expired",
+                                            f"not resumed within {self.pause_timeout_s:g} s: the paused turn ended")
+        self.send(event)
+
+    def resume(self) -> None:
+        """Continue the paused turn from the start of the word that was cut (``resumed``
+        event); ignored when nothing is paused (a resume that crossed the pause's timeout)."""
+        if self._pause_timer is not None:
+            self._pause_timer.cancel()
+            self._pause_timer = None
+        event = self._output.resume()
+        if event is not None:
+            self.send(event)
+
+    def _expire(self, turn_id: str, code: str, message: str) -> None:
+        """A prepared turn not committed, or a paused one not resumed, in time: it ends."""
+        turn = self._turns.get(turn_id)
+        if code == "pause_expired":
+            self._pause_timer = None
+            if self._output.paused_turn != turn_id:
+                return
+        elif turn is None or not turn.prepared:
+            return
+        if turn is None or self._closed:
+            return
+        self._error(code, message, turn_id=turn_id)
+        self.cancel(turn_id)
 
     def audio_runs_out_at(self) -> float:
         """When this session's queued audio will have played out (``clock`` s): the deadline of
@@ -361,8 +473,9 @@ class Session:
             turn = self._turns.pop(event.turn_id, None)
             self._past_turns.append(event.turn_id)
             if turn is not None:
-                if turn.idle_timer is not None:
-                    turn.idle_timer.cancel()
+                for timer in (turn.idle_timer, turn.prepare_timer):
+                    if timer is not None:
+                        timer.cancel()
                 if self._open_turns.get(turn.sender) == event.turn_id:
                     del self._open_turns[turn.sender]
             if event.interrupted:
@@ -396,9 +509,12 @@ class Session:
         self._closed = True
         self._output.interrupt()
         tasks = []
+        if self._pause_timer is not None:
+            self._pause_timer.cancel()
         for turn in self._turns.values():
-            if turn.idle_timer is not None:
-                turn.idle_timer.cancel()
+            for timer in (turn.idle_timer, turn.prepare_timer):
+                if timer is not None:
+                    timer.cancel()
             turn.stream.cancel()
             if turn.task is not None:
                 turn.task.cancel()

@@ -43,6 +43,15 @@ Rules:
   quiet lead-in are sent with the first audible frame.
 - **Barge-in.** :meth:`Playout.interrupt` keeps only the next 5 ms of the playing turn, faded to
   zero, for the next frame; everything else queued is dropped.
+- **Prepared turns** (held, :meth:`~myna.audio.turns.TurnQueue.commit`): a held turn at the
+  head plays nothing (silence), its audio buffering; once committed it starts by the start rule,
+  so a turn whose synthesis has ended starts at the first frame deadline after the commit.
+  ``pre_roll_ms`` is then counted from the commit (or the first chunk, if later).
+- **Pause** (:meth:`Playout.pause`): the playing turn's next 5 ms go out faded to zero, then
+  silence; the turn is rewound to the start of the word being heard (the latest ``word`` sent:
+  the audio since it is kept, at most :data:`MAX_REWIND_S`), and that word's event is queued
+  again. :meth:`Playout.resume` plays on from there with a 5 ms fade-in, so the cut word is
+  heard again whole, once. Turns behind the paused one wait.
 - **Idle.** With nothing queued :meth:`Playout.next_frame` returns one shared, read-only block
   of zeros: no allocation, no arithmetic.
 """
@@ -50,13 +59,14 @@ Rules:
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 
 import numpy as np
 
 from myna.audio.preroll import JitterAwarePreRoll, PreRollRule, ProducerStats
 from myna.audio.turns import EventSink, OutputTurn, TurnQueue, to_s16
-from myna.events import Event
+from myna.events import Event, Paused, Resumed
 
 #: The frame every paced transport sends: 20 ms of mono audio at 48 kHz.
 SAMPLE_RATE = 48_000
@@ -68,6 +78,8 @@ MAX_HOLD_S = 0.1
 #: Wake-up lateness of a frame deadline the budget allows for (s): a turn is not held into a
 #: deadline closer than this to the end of the budget.
 HOLD_SLACK_S = 0.01
+#: The most audio a turn keeps to rewind to the start of a cut word on :meth:`Playout.pause` (s).
+MAX_REWIND_S = 10.0
 
 #: What :meth:`Playout.next_frame` returns while idle: one shared read-only frame of zeros
 #: (a transport may test ``frame is IDLE_FRAME`` to take a cheap path).
@@ -87,6 +99,43 @@ class _Turn(OutputTurn):
         self.stats = ProducerStats(text_at)
         self.pre_roll_ms = 0.0  # first chunk's arrival → start of playout (ms)
         self.gap_open: list[int] | None = None  # [start, silence so far] in samples, of the gap playing now
+        self.history: deque[np.ndarray] = deque()  # audio handed out since the latest word's start
+        self.history_start = 0  # sample offset of history[0]
+        self.history_len = 0
+
+    def remember(self, seg: np.ndarray) -> None:
+        """``seg`` (as queued, before any fade) was just handed out at offset ``played``: keep
+        it while it is part of the word being heard (for :meth:`Playout.pause`)."""
+        if not len(seg):
+            return
+        if not self.history:
+            self.history_start = self.played
+        self.history.append(seg.copy())
+        self.history_len += len(seg)
+        keep_from = self.last_word[0] if self.last_word is not None else 0
+        keep_from = max(keep_from, self.played + len(seg) - int(MAX_REWIND_S * self.rate))
+        while self.history and self.history_start + len(self.history[0]) <= keep_from:
+            n = len(self.history.popleft())
+            self.history_start += n
+            self.history_len -= n
+
+    def rewind(self) -> int:
+        """Put back the audio since the start of the word being heard (what :meth:`remember`
+        kept) and queue that word's event again; returns the new ``played`` offset."""
+        start = self.last_word[0] if self.last_word is not None else 0
+        start = max(start, self.history_start)
+        back = [x for x in self.history]
+        audio = np.concatenate(back) if back else np.zeros(0, dtype=np.float32)
+        audio = audio[start - self.history_start : self.played - self.history_start]
+        if len(audio):
+            self.chunks.appendleft(audio)
+            self.buffered += len(audio)
+            self.played -= len(audio)
+        if self.last_word is not None and self.last_word[0] >= self.played:
+            self.words.appendleft(self.last_word)
+        self.history.clear()
+        self.history_len = 0
+        return self.played
 
     def close_gap(self, keep: bool) -> None:
         """End the gap in progress; ``keep`` it when audio follows it (silence at the very end
@@ -135,6 +184,7 @@ class Playout(TurnQueue):
         self.max_hold_s = max_hold_s
         self._tail: np.ndarray | None = None  # faded remainder after a barge-in
         self._due = 0.0  # when the frame being made is due (clock s)
+        self._paused: _Turn | None = None  # the turn :meth:`pause` stopped
 
     @classmethod
     def for_session(cls, session) -> "Playout":
@@ -161,6 +211,7 @@ class Playout(TurnQueue):
             self._tail = tail
         for turn in self._turns:
             turn.close_gap(keep=False)
+        self._paused = None
         return super().interrupt()
 
     def _cancelled(self, turn: _Turn, head: bool) -> list[Event]:
@@ -171,11 +222,55 @@ class Playout(TurnQueue):
             tail *= np.linspace(1.0, 0.0, len(tail), endpoint=False, dtype=np.float32)
             self._tail = tail
         turn.close_gap(keep=False)
+        if turn is self._paused:
+            self._paused = None  # the pause ends with its turn
         return super()._cancelled(turn, head)
+
+    def _fade_tail(self, head: _Turn) -> None:
+        """Keep the playing turn's next 5 ms, faded to zero, for the next frame."""
+        tail = head.peek(FADE_SAMPLES)
+        tail *= np.linspace(1.0, 0.0, len(tail), endpoint=False, dtype=np.float32)
+        self._tail = tail
+
+    def pause(self) -> Paused | None:
+        """Stop playout now (see "Pause"): the head turn's next 5 ms fade out, it is rewound to
+        the start of the word being heard and holds there until :meth:`resume`; returns its
+        ``paused`` event, or None when no turn is queued. Pausing again is a no-op (None)."""
+        if self._paused is not None or not self._turns:
+            return None
+        head = self._turns[0]
+        at = head.played
+        if head.playing and not head.starving:
+            self._fade_tail(head)
+            at += len(self._tail)
+        head.close_gap(keep=False)
+        start = head.rewind() if head.playing else head.played
+        head.starving = False
+        head.resume_fade = True
+        self._paused = head
+        return Paused(turn_id=head.turn_id, at_ms=round(1000.0 * at / self.rate, 1),
+                      resume_ms=round(1000.0 * start / self.rate, 1))
+
+    def resume(self) -> Resumed | None:
+        """Play the paused turn on from where :meth:`pause` left it; its ``resumed`` event, or
+        None when nothing is paused (a resume that crossed the turn's end)."""
+        turn, self._paused = self._paused, None
+        if turn is None or self._by_id.get(turn.turn_id) is not turn:
+            return None
+        return Resumed(turn_id=turn.turn_id, from_ms=round(1000.0 * turn.played / self.rate, 1))
+
+    @property
+    def paused_turn(self) -> str | None:
+        """The ``turn_id`` of the paused turn; None when not paused."""
+        return self._paused.turn_id if self._paused is not None else None
+
+    def _committed(self, turn: _Turn) -> None:
+        pass
 
     def reset(self) -> None:
         super().reset()
         self._tail = None
+        self._paused = None
 
     def audio_runs_out_at(self) -> float:
         """When the audio queued now (every turn's) will have played out (``clock`` s): a
@@ -206,8 +301,10 @@ class Playout(TurnQueue):
             out[: len(self._tail)] = self._tail
             filled = len(self._tail)
             self._tail = None
-        while filled < FRAME_SAMPLES and self._turns:
+        while filled < FRAME_SAMPLES and self._turns and self._paused is None:
             turn = self._turns[0]
+            if turn.held:
+                break  # prepared, not committed: silence until commit
             need = FRAME_SAMPLES - filled
             ready = turn.buffered >= need + FADE_SAMPLES or turn.ended
             if not turn.playing or turn.starving:
@@ -216,9 +313,10 @@ class Playout(TurnQueue):
                 if not turn.playing:
                     turn.playing = True
                     if turn.stats.n:
-                        turn.pre_roll_ms = round(max(0.0, 1000.0 * (self._due - turn.stats.times[0])), 1)
+                        turn.pre_roll_ms = round(max(0.0, 1000.0 * (self._due - self._ready_since(turn))), 1)
                 turn.close_gap(keep=turn.buffered > 0)
             seg = turn.take(need)
+            turn.remember(seg)
             if turn.resume_fade and len(seg):
                 k = min(FADE_SAMPLES, len(seg))
                 seg[:k] *= np.linspace(0.0, 1.0, k, endpoint=False, dtype=np.float32)
@@ -254,9 +352,15 @@ class Playout(TurnQueue):
         if self.chunks_end_at_words:
             return True  # a start or the end of a gap: never held
         now = self._due
-        if not turn.playing and now + FRAME_SECONDS + HOLD_SLACK_S - turn.stats.times[0] > self.max_hold_s:
+        if not turn.playing and now + FRAME_SECONDS + HOLD_SLACK_S - self._ready_since(turn) > self.max_hold_s:
             return True  # the next deadline (if it wakes a little late) would be past the budget
         return self.pre_roll.ready(turn.stats, turn.buffered / SAMPLE_RATE, now)
+
+    @staticmethod
+    def _ready_since(turn: _Turn) -> float:
+        """When the turn could first have started: its first chunk, or its commit if later."""
+        first = turn.stats.times[0]
+        return first if turn.committed_at is None else max(first, turn.committed_at)
 
     def _finish(self, turn: _Turn) -> None:
         self.pre_roll.turn_finished(turn.stats)

@@ -15,7 +15,11 @@ as the audio exists (the WebSocket, the in-process plug-ins). What they share li
   out, the underruns and the gaps (:class:`Gaps`);
 - ``interrupt`` drops every turn, and returns their events (the output decides what of the
   playing turn still goes out);
-- ``reset`` forgets every turn at once: after a failure, when the queue may be what broke.
+- ``reset`` forgets every turn at once: after a failure, when the queue may be what broke;
+- a turn may be queued *held* (``begin_turn(..., held=True)``: a prepared turn): its audio is
+  queued (it counts toward :meth:`TurnQueue.audio_runs_out_at`, the synthesis horizon) and
+  nothing of it goes out until :meth:`TurnQueue.commit`; the turns behind it wait, in order;
+- ``pause`` / ``resume`` (the outputs implement them): the head turn stops and goes on.
 
 The PCM conversions every output shares are here too: an engine's samples in
 (:func:`as_mono_float32`, the only shape a turn takes), s16 out (:func:`to_s16`).
@@ -124,6 +128,9 @@ class OutputTurn:
         self.first_audio_sent = False
         self.underruns = 0
         self.gaps = Gaps()
+        self.held = False  # prepared: queued, not played until committed
+        self.committed_at: float | None = None  # when a prepared turn was committed (clock s)
+        self.last_word: tuple[int, str] | None = None  # the latest word sent: (sample offset, word)
 
     def append(self, x: np.ndarray) -> None:
         """Queue float32 audio ``[n]`` at the output's rate (kept as it is: not the caller's array)."""
@@ -167,6 +174,7 @@ class OutputTurn:
         """``word`` events of the words that start before sample ``upto``."""
         while self.words and self.words[0][0] < upto:
             offset, word = self.words.popleft()
+            self.last_word = (offset, word)
             on_event(Word(turn_id=self.turn_id, word=word, start_ms=round(1000.0 * offset / self.rate, 1)))
 
     def done_event(self, interrupted: bool = False) -> TurnDone:
@@ -198,9 +206,11 @@ class TurnQueue:
         self._by_id: dict[str, OutputTurn] = {}
 
     # -- the session's side (TurnOutput) ----------------------------------------------------
-    def begin_turn(self, turn_id: str, text_at: float) -> None:
-        """Queue a new turn; ``text_at`` is when its first text chunk arrived (``clock`` s)."""
+    def begin_turn(self, turn_id: str, text_at: float, held: bool = False) -> None:
+        """Queue a new turn; ``text_at`` is when its first text chunk arrived (``clock`` s);
+        ``held``: a prepared turn, nothing of it goes out until :meth:`commit`."""
         turn = self.turn_class(turn_id, text_at, self.rate)
+        turn.held = held
         self._turns.append(turn)
         self._by_id[turn_id] = turn
         self._announce(turn)
@@ -253,6 +263,19 @@ class TurnQueue:
         head = turn is self._turns[0]
         self._turns.remove(turn)
         return self._cancelled(turn, head)
+
+    def commit(self, turn_id: str) -> None:
+        """Release a held (prepared) turn: it plays in its place in the queue, its first audio
+        at the first frame once the turns before it are done. Its ``first_audio.server_ttfa_ms``
+        is then counted from the commit. A turn not held or not queued is left alone."""
+        turn = self._by_id.get(turn_id)
+        if turn is not None and turn.held:
+            turn.held = False
+            turn.committed_at = turn.text_at = self._clock()
+            self._committed(turn)
+
+    def _committed(self, turn: OutputTurn) -> None:
+        """``turn`` was held and is committed now."""
 
     def _cancelled(self, turn: OutputTurn, head: bool) -> list[Event]:
         """``turn`` was taken out of the queue (``head``: it was playing); the events that end it."""

@@ -13,6 +13,12 @@ follow the audio they describe: ``first_audio`` right before the piece holding t
 audible sample, a ``word`` right after the piece holding its first sample, ``turn_done`` after
 the turn's last piece.
 
+A held (prepared) turn hands out nothing until it is committed (the turns behind it wait);
+its audio is handed out at the commit. ``pause`` stops handing out audio: what the sink holds
+already is the consumer's (it plays at its own pace, so the worker cannot know which word it
+was in); ``resume`` hands out the rest from where it stopped. A consumer that wants the cut word
+again uses the ``word`` events it has (their ``start_ms``) and its own playback position.
+
 Timing is reported for a consumer that plays each turn from its first piece on, in real time:
 ``first_audio.pre_roll_ms`` is 0 (nothing is held here); when a turn's next audio comes after
 the audio before it would have played out, ``turn_done`` counts the wait as a gap (``gap_ms``,
@@ -28,7 +34,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from myna.audio.turns import EventSink, OutputTurn, TurnQueue, to_s16
-from myna.events import Event, TurnStarted
+from myna.events import Event, Paused, Resumed, TurnStarted
 
 
 class AudioSink(Protocol):
@@ -66,6 +72,7 @@ class UnpacedOutput(TurnQueue):
                  *, chunks_end_at_words: bool = False):
         super().__init__(on_event, rate, clock, chunks_end_at_words=chunks_end_at_words)
         self._audio = audio
+        self._paused: _Turn | None = None
         self._runs_out_at = 0.0  # when the audio handed out has played out, for a real-time consumer (clock s)
 
     @classmethod
@@ -98,6 +105,7 @@ class UnpacedOutput(TurnQueue):
             events.append(turn.done_event(interrupted=True))
         self._turns.clear()
         self._by_id.clear()
+        self._paused = None
         self._audio.drop_audio()
         self._runs_out_at = self._clock()  # what was dropped will not be played
         return events
@@ -121,6 +129,34 @@ class UnpacedOutput(TurnQueue):
         self._drain()
         return []
 
+    def _committed(self, turn: _Turn) -> None:
+        self._drain()
+
+    def pause(self) -> Paused | None:
+        """Stop handing out audio (see the module docstring); the head turn's ``paused`` event
+        (``at_ms`` = ``resume_ms``: the audio handed out so far), or None when no turn is queued
+        or it is paused already."""
+        if self._paused is not None or not self._turns:
+            return None
+        head = self._paused = self._turns[0]
+        at = round(1000.0 * head.played / self.rate, 1)
+        return Paused(turn_id=head.turn_id, at_ms=at, resume_ms=at)
+
+    def resume(self) -> Resumed | None:
+        """Hand out the paused turn's audio again; its ``resumed`` event, or None when not paused."""
+        turn, self._paused = self._paused, None
+        if turn is None or self._by_id.get(turn.turn_id) is not turn:
+            return None
+        event = Resumed(turn_id=turn.turn_id, from_ms=round(1000.0 * turn.played / self.rate, 1))
+        self._runs_out_at = max(self._runs_out_at, self._clock())
+        self._drain()
+        return event
+
+    @property
+    def paused_turn(self) -> str | None:
+        """The ``turn_id`` of the paused turn; None when not paused."""
+        return self._paused.turn_id if self._paused is not None else None
+
     def audio_runs_out_at(self) -> float:
         """When a real-time consumer will have played the audio handed out and queued (clock s)."""
         return max(self._clock(), self._runs_out_at) + sum(t.buffered for t in self._turns) / self.rate
@@ -136,8 +172,12 @@ class UnpacedOutput(TurnQueue):
             if turn.cancelled:
                 self._turns.popleft()
                 self._by_id.pop(turn.turn_id, None)
+                if turn is self._paused:
+                    self._paused = None  # the pause ends with its turn
                 self._on_event(turn.done_event(interrupted=True))
                 continue
+            if turn.held or turn is self._paused:
+                return  # prepared and not committed, or paused
             if turn.buffered:
                 seg = turn.take(turn.buffered)
                 turn.check_first_audio(seg, self._clock(), 0.0, self._on_event)

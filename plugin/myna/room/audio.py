@@ -81,9 +81,18 @@ class SourceOutput(Playout):
                    chunks_end_at_words=session.engine.chunks_end_at_words, max_hold_s=session.max_hold_s)
 
     # -- Playout, and the pacer's wake-ups --------------------------------------------------
-    def begin_turn(self, turn_id: str, text_at: float) -> None:
-        super().begin_turn(turn_id, text_at)
+    def begin_turn(self, turn_id: str, text_at: float, held: bool = False) -> None:
+        super().begin_turn(turn_id, text_at, held)
         self._wake.set()
+
+    def commit(self, turn_id: str) -> None:
+        super().commit(turn_id)
+        self._wake.set()
+
+    def resume(self):
+        resumed = super().resume()
+        self._wake.set()
+        return resumed
 
     def interrupt(self) -> list[Event]:
         dropped = super().interrupt()
