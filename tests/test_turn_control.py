@@ -7,9 +7,14 @@ import asyncio
 import dataclasses
 import json
 
+import aiohttp
 import numpy as np
+import pytest
 
 from inprocess import ToneEngine, paced_session
+from myna.bench.soak import serve_in_process
+from myna.server.app import Worker
+from test_cancel import SlowTone, audio_by_turn, done, ws_messages
 from myna.audio.playout import FRAME_SAMPLES, FRAME_SECONDS, SAMPLE_RATE
 from myna.audio.unpaced import UnpacedOutput
 from myna.limits import Limits
@@ -18,6 +23,7 @@ from myna.session import Session
 
 WORD_MS = 120.0
 WORDS = "one two three four five six".split()
+PER_WORD = 2 * 24 * int(WORD_MS)  # bytes of s16 audio per word at 24 kHz
 
 
 class Clock:
@@ -200,3 +206,49 @@ async def test_pause_timeout_ends_the_turn_and_the_next_plays():
     send(session, type="resume")  # crossed the timeout: ignored
     assert not of(sent, "resumed")
     await session.close()
+
+
+@pytest.mark.network
+async def test_websocket_prepare_commit_and_pause_resume():
+    """The WebSocket door: a prepared turn sends nothing until commit, then all of it; a paused
+    turn sends nothing until resume, then the rest; every byte inside its turn."""
+    async with serve_in_process(Worker(engines={"tone": SlowTone()})) as url, aiohttp.ClientSession() as http:
+        async with http.ws_connect(url.replace("http", "ws", 1) + "/v1/tts/stream") as ws:
+            assert (await ws.receive_json())["type"] == "ready"
+            await ws.send_json({"type": "config", "sample_rate": 24_000})
+            await ws.receive_json()
+            await ws.send_json({"type": "prepare", "turn_id": "p", "text": "one two"})
+            await ws.send_json({"type": "end_turn", "turn_id": "p"})
+            early = []
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.4):  # synthesis (2 × 50 ms) is over: still nothing but turn_started
+                    async for msg in ws:
+                        early.append(msg.data if msg.type == aiohttp.WSMsgType.BINARY else json.loads(msg.data))
+            assert [m["type"] for m in early] == ["turn_started"]
+            await ws.send_json({"type": "commit", "turn_id": "p"})
+            messages = early + await ws_messages(ws, "p")
+            assert audio_by_turn(messages) == {"p": 2 * PER_WORD}
+            await ws.send_json({"type": "text", "turn_id": "q", "text": "three four five six"})
+            await ws.send_json({"type": "end_turn", "turn_id": "q"})
+            first = []
+            async with asyncio.timeout(5):
+                async for msg in ws:  # until the first audio of q
+                    first.append(msg.data if msg.type == aiohttp.WSMsgType.BINARY else json.loads(msg.data))
+                    if isinstance(first[-1], bytes):
+                        break
+            await ws.send_json({"type": "pause"})
+            paused = []
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.5):  # the rest is synthesised meanwhile, and held
+                    async for msg in ws:
+                        paused.append(msg.data if msg.type == aiohttp.WSMsgType.BINARY else json.loads(msg.data))
+            # no audio while paused (the word of the piece sent before the pause may follow it)
+            assert not [m for m in paused if isinstance(m, bytes)]
+            assert [m["type"] for m in paused][-1] == "paused" and len(paused) <= 2
+            await ws.send_json({"type": "resume"})
+            rest = await ws_messages(ws, "q")
+    q = first + paused + rest
+    assert audio_by_turn(q) == {"q": 4 * PER_WORD}
+    events = [m for m in q if isinstance(m, dict)]
+    assert [e["type"] for e in events if e["type"] in ("paused", "resumed")] == ["paused", "resumed"]
+    assert not done(events, "q").get("interrupted")

@@ -90,11 +90,12 @@ class TurnOutput(Protocol):
     def commit(self, turn_id: str) -> None:
         """Release a held turn (it plays in its place in the queue)."""
 
-    def pause(self) -> Event | None:
-        """Stop playout of the head turn; its ``paused`` event (None: no turn, or paused already)."""
+    def pause(self) -> str | None:
+        """Stop playout of the head turn (its ``paused`` event goes out); its ``turn_id``
+        (None: no turn, or paused already)."""
 
-    def resume(self) -> Event | None:
-        """Continue the paused turn; its ``resumed`` event (None: nothing paused)."""
+    def resume(self) -> bool:
+        """Continue the paused turn (its ``resumed`` event goes out); False: nothing paused."""
 
     @property
     def paused_turn(self) -> str | None:
@@ -363,13 +364,12 @@ class Session:
         """
         if self._output.paused_turn is not None:
             return
-        event = self._output.pause()
-        if event is None:
+        turn_id = self._output.pause()
+        if turn_id is None:
             raise BadMessage("nothing_playing", "there is no turn to pause")
         loop = asyncio.get_running_loop()
-        self._pause_timer = loop.call_later(self.pause_timeout_s, self._expire, event.turn_id, "pause_expired",
+        self._pause_timer = loop.call_later(self.pause_timeout_s, self._expire, turn_id, "pause_expired",
                                             f"not resumed within {self.pause_timeout_s:g} s: the paused turn ended")
-        self.send(event)
 
     def resume(self) -> None:
         """Continue the paused turn from the start of the word that was cut (``resumed``
@@ -377,9 +377,7 @@ class Session:
         if self._pause_timer is not None:
             self._pause_timer.cancel()
             self._pause_timer = None
-        event = self._output.resume()
-        if event is not None:
-            self.send(event)
+        self._output.resume()
 
     def _expire(self, turn_id: str, code: str, message: str) -> None:
         """A prepared turn not committed, or a paused one not resumed, in time: it ends."""

@@ -232,10 +232,11 @@ class Playout(TurnQueue):
         tail *= np.linspace(1.0, 0.0, len(tail), endpoint=False, dtype=np.float32)
         self._tail = tail
 
-    def pause(self) -> Paused | None:
+    def pause(self) -> str | None:
         """Stop playout now (see "Pause"): the head turn's next 5 ms fade out, it is rewound to
-        the start of the word being heard and holds there until :meth:`resume`; returns its
-        ``paused`` event, or None when no turn is queued. Pausing again is a no-op (None)."""
+        the start of the word being heard and holds there until :meth:`resume`; its ``paused``
+        event goes out; returns its ``turn_id``, or None when no turn is queued. Pausing again
+        is a no-op (None)."""
         if self._paused is not None or not self._turns:
             return None
         head = self._turns[0]
@@ -248,16 +249,18 @@ class Playout(TurnQueue):
         head.starving = False
         head.resume_fade = True
         self._paused = head
-        return Paused(turn_id=head.turn_id, at_ms=round(1000.0 * at / self.rate, 1),
-                      resume_ms=round(1000.0 * start / self.rate, 1))
+        self._on_event(Paused(turn_id=head.turn_id, at_ms=round(1000.0 * at / self.rate, 1),
+                              resume_ms=round(1000.0 * start / self.rate, 1)))
+        return head.turn_id
 
-    def resume(self) -> Resumed | None:
-        """Play the paused turn on from where :meth:`pause` left it; its ``resumed`` event, or
-        None when nothing is paused (a resume that crossed the turn's end)."""
+    def resume(self) -> bool:
+        """Play the paused turn on from where :meth:`pause` left it (its ``resumed`` event goes
+        out); False when nothing is paused (a resume that crossed the turn's end)."""
         turn, self._paused = self._paused, None
         if turn is None or self._by_id.get(turn.turn_id) is not turn:
-            return None
-        return Resumed(turn_id=turn.turn_id, from_ms=round(1000.0 * turn.played / self.rate, 1))
+            return False
+        self._on_event(Resumed(turn_id=turn.turn_id, from_ms=round(1000.0 * turn.played / self.rate, 1)))
+        return True
 
     @property
     def paused_turn(self) -> str | None:

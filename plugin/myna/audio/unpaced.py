@@ -132,25 +132,26 @@ class UnpacedOutput(TurnQueue):
     def _committed(self, turn: _Turn) -> None:
         self._drain()
 
-    def pause(self) -> Paused | None:
+    def pause(self) -> str | None:
         """Stop handing out audio (see the module docstring); the head turn's ``paused`` event
-        (``at_ms`` = ``resume_ms``: the audio handed out so far), or None when no turn is queued
-        or it is paused already."""
+        goes out (``at_ms`` = ``resume_ms``: the audio handed out so far); returns its
+        ``turn_id``, or None when no turn is queued or it is paused already."""
         if self._paused is not None or not self._turns:
             return None
         head = self._paused = self._turns[0]
         at = round(1000.0 * head.played / self.rate, 1)
-        return Paused(turn_id=head.turn_id, at_ms=at, resume_ms=at)
+        self._on_event(Paused(turn_id=head.turn_id, at_ms=at, resume_ms=at))
+        return head.turn_id
 
-    def resume(self) -> Resumed | None:
-        """Hand out the paused turn's audio again; its ``resumed`` event, or None when not paused."""
+    def resume(self) -> bool:
+        """Hand out the paused turn's audio again, after its ``resumed`` event; False when not paused."""
         turn, self._paused = self._paused, None
         if turn is None or self._by_id.get(turn.turn_id) is not turn:
-            return None
-        event = Resumed(turn_id=turn.turn_id, from_ms=round(1000.0 * turn.played / self.rate, 1))
+            return False
+        self._on_event(Resumed(turn_id=turn.turn_id, from_ms=round(1000.0 * turn.played / self.rate, 1)))
         self._runs_out_at = max(self._runs_out_at, self._clock())
         self._drain()
-        return event
+        return True
 
     @property
     def paused_turn(self) -> str | None:

@@ -89,7 +89,7 @@ class SourceOutput(Playout):
         super().commit(turn_id)
         self._wake.set()
 
-    def resume(self):
+    def resume(self) -> bool:
         resumed = super().resume()
         self._wake.set()
         return resumed
