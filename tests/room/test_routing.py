@@ -230,3 +230,33 @@ async def test_data_packets_pass_each_senders_message_rate(room):
         router.packet("alice", json.dumps({"type": "interrupt"}))
     router.packet("bob", json.dumps({"type": "interrupt"}))
     assert [(who, e["code"]) for who, e in delivered if e["type"] == "error"] == [("alice", "rate_limited")]
+
+
+async def test_prepare_commit_and_pause_resume_through_the_room_keep_the_senders_ids():
+    """A room participant's own turn ids work for commit, and paused/resumed reach the turn's owner."""
+    from myna.audio.playout import FRAME_SECONDS, Playout
+
+    delivered: list[tuple[str, dict]] = []
+    now = [0.0]
+    router = Router(lambda send: Session(Echo(), Playout.for_session, send, Metrics(), clock=lambda: now[0]),
+                    lambda identity, event: delivered.append((identity, json.loads(json.dumps(event.to_dict())))))
+    router.packet("alice", json.dumps({"type": "prepare", "turn_id": "1", "text": "hello there"}))
+    router.packet("alice", json.dumps({"type": "end_turn", "turn_id": "1"}))
+    await settle()
+
+    def frames(n):
+        out = []
+        for _ in range(n):
+            now[0] += FRAME_SECONDS
+            out.append(router.session.output.next_frame(due=now[0]))
+        return out
+
+    assert not any(f.any() for f in frames(20))  # prepared: silent
+    router.packet("alice", json.dumps({"type": "commit", "turn_id": "1"}))
+    assert frames(1)[0].any()
+    router.packet("bob", json.dumps({"type": "pause"}))
+    assert not any(f.any() for f in frames(10)[1:])
+    router.packet("bob", json.dumps({"type": "resume"}))
+    frames(20)
+    alice = events_of(delivered, "alice")
+    assert ("paused", "1") in alice and ("resumed", "1") in alice and alice[-1] == ("turn_done", "1")
