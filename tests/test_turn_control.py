@@ -58,6 +58,8 @@ async def test_prepared_turn_is_silent_until_commit_then_starts_at_the_next_fram
     for _ in range(100):  # 2 s: nothing of it goes out
         assert not frame(session, clock).any()
     assert not of(sent, "first_audio") and not of(sent, "word")
+    held = session.output._by_id["a"]
+    assert held.ended and held.buffered == 3 * WORD_MS / 1000 * SAMPLE_RATE  # all of it ready before the commit
     send(session, type="commit", turn_id="a")
     commit_at = clock.now
     first = frame(session, clock)  # the first frame deadline after the commit
