@@ -80,14 +80,14 @@ def test_a_key_pair_mints_a_fresh_token_the_worker_accepts_for_each_connection(m
     monkeypatch.setenv("MYNA_TOKEN", "from-env")
     given = Credentials(api_key=KEY, api_secret=OTHER_SECRET)  # given keys beat the environment's token and keys
     assert given.token() != "from-env"
-    with pytest.raises(AuthError, match="not valid"):
+    with pytest.raises(AuthError, match="another secret"):
         Authenticator(KEY, SECRET).verify(given.token())
     assert Credentials().identity != Credentials().identity  # separate clients, separate session caps
 
 
 def test_a_refusal_names_the_fix_for_each_code():
     assert "MYNA_TOKEN" in str(AccessRefused(401, "token_required")) and "myna token" in str(AccessRefused(401, "token_required"))
-    assert "another key, expired" in str(AccessRefused.from_status(401, token_sent=True))
+    assert "another key" in str(AccessRefused.from_status(401, token_sent=True))
     assert AccessRefused.from_status(401, token_sent=False).code == "token_required"
     assert AccessRefused.from_status(403, token_sent=True).code == "forbidden"
 

@@ -67,13 +67,13 @@ async def test_tokens_over_http_missing_bad_expired_wrong_grant_and_good():
     w.auth = Authenticator(KEY, SECRET)
     good = mint_token(KEY, SECRET, "alice", HOUR)
     forged = mint_token(KEY, "another-secret-of-the-same-length-as-the-key!", "alice", HOUR)
-    expired = mint_token(KEY, SECRET, "alice", -datetime.timedelta(minutes=5))
+    expired = mint_token(KEY, SECRET, "alice", -datetime.timedelta(minutes=10))
     room_token = AccessToken(KEY, SECRET).with_identity("alice").with_grants(VideoGrants(room_join=True, room="r")).to_jwt()
     piper_only = mint_token(KEY, SECRET, "alice", HOUR, engines=["tone2"])
     body = {"sdp": "v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\n", "type": "offer", "request_data": {"engine": "tone"}}
     async with serve_in_process(w) as url, aiohttp.ClientSession() as http:
         cases = {None: (401, "token_required"), "not.a.jwt": (401, "bad_token"), forged: (401, "bad_token"),
-                 expired: (401, "bad_token"), room_token: (403, "forbidden"), piper_only: (403, "forbidden")}
+                 expired: (401, "token_expired"), room_token: (403, "forbidden"), piper_only: (403, "forbidden")}
         for token, (status, code) in cases.items():
             got_status, got, _ = await post_offer(http, url, body, token)
             assert (got_status, got["error"]["code"]) == (status, code), (token, got)
@@ -90,7 +90,7 @@ async def test_tokens_over_the_websocket_header_and_query():
     w = worker()
     w.auth = Authenticator(KEY, SECRET)
     good = mint_token(KEY, SECRET, "bob", HOUR)
-    expired = mint_token(KEY, SECRET, "bob", -datetime.timedelta(minutes=5))
+    expired = mint_token(KEY, SECRET, "bob", -datetime.timedelta(minutes=10))
     tone2_only = mint_token(KEY, SECRET, "bob", HOUR, engines=["tone2"])
     forged = mint_token(KEY, "another-secret-of-the-same-length-as-the-key!", "bob", HOUR)
     room_token = AccessToken(KEY, SECRET).with_identity("bob").with_grants(VideoGrants(room_join=True, room="r")).to_jwt()

@@ -410,8 +410,8 @@ class RemoteBackend(Backend):
             conn = _Connection(self, ws)
             await asyncio.wait_for(conn.handshake(config), CONNECT_TIMEOUT)
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
-            if isinstance(exc, aiohttp.WSServerHandshakeError) and exc.status in (401, 403):
-                refused = AccessRefused.from_status(exc.status, token_sent=bool(headers))
+            if isinstance(exc, aiohttp.WSServerHandshakeError) and exc.status in (401, 403, 431):
+                refused = AccessRefused.from_status(exc.status, token_sent=bool(headers), headers=exc.headers)
                 raise MynaError(refused.code, refused.message) from None
             raise MynaError("connection_failed", f"cannot reach {self.url}: {str(exc) or type(exc).__name__}") from None
         self._all.add(conn)

@@ -195,11 +195,19 @@ class MynaClient:
         headers = Credentials(self.token).headers()
         async with aiohttp.ClientSession() as http:
             async with http.post(f"{self.url}/api/offer", json=body, headers=headers) as resp:
-                answer = await resp.json()
-                if resp.status in (401, 403):
-                    error = answer.get("error", {})
+                raw = await resp.read()
+                try:
+                    answer = json.loads(raw)
+                except ValueError:  # not the contract's JSON (a proxy, another server): say what came
+                    text = raw.decode("utf-8", "replace").strip().splitlines()
+                    raise RuntimeError(f"offer refused ({resp.status} {resp.reason}): "
+                                       f"{text[0][:200] if text else 'no body'}") from None
+                error = answer.get("error") if isinstance(answer, dict) else None
+                if resp.status in (401, 403, 431) and isinstance(error, dict):
                     raise AccessRefused(resp.status, error.get("code", ""), error.get("message", ""))
                 if resp.status != 200:
+                    if isinstance(error, dict):
+                        raise RuntimeError(f"offer refused ({resp.status} {error.get('code')}): {error.get('message')}")
                     raise RuntimeError(f"offer refused ({resp.status}): {answer}")
                 return answer
 
