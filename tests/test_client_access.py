@@ -139,7 +139,7 @@ async def test_a_command_line_client_with_no_or_a_wrong_token_exits_1_in_one_lin
     async with serve_in_process(secured_worker()) as url:
         for argv, env, fix in ((client(url, tmp_path / "a.wav"), None, "MYNA_TOKEN"),
                                (client(url, tmp_path / "b.wav", "--token", wrong), None, "myna token"),
-                               (client(url, tmp_path / "c.wav"), {"MYNA_TOKEN": wrong}, "not valid")):
+                               (client(url, tmp_path / "c.wav"), {"MYNA_TOKEN": wrong}, "another secret")):
             status, stderr = await run(*argv, env=env)
             lines = stderr.strip().splitlines()
             assert status == 1 and len(lines) == 1 and "Traceback" not in stderr, stderr

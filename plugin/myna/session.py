@@ -15,6 +15,9 @@ reports ``first_audio``, ``word`` and ``turn_done`` back through :meth:`Session.
 
 Rules every door gets:
 
+- Text enters a turn with its HTML character references decoded (``&quot;`` ``&#x27;`` ``&amp;``,
+  split across chunks or not: :class:`~myna.text.entities.EntityDecoder`), so no voice reads
+  ``quot`` or ``amp`` aloud.
 - Turns play in order: a chunk with a new ``turn_id`` ends the input of the previous turn (as
   ``end_turn`` would) and queues the new turn behind it. ``interrupt`` drops every turn.
 - Limits (:class:`~myna.limits.Limits`): ``max_turn_chars`` (past it ``turn_too_long``: the turn
@@ -33,7 +36,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -45,6 +48,7 @@ from myna.events import Error, Event, Fallback, FirstAudio, Ready, TurnDone
 from myna.limits import Limits
 from myna.messages import BadMessage, EndTurn, Interrupt, Message, Text, parse_message, quote_input
 from myna.metrics import Metrics
+from myna.text.entities import EntityDecoder
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +97,7 @@ class _Turn:
     task: asyncio.Task | None = None
     input_ended: bool = False
     chars: int = 0  # text received, for the per-turn cap
+    entities: EntityDecoder = field(default_factory=EntityDecoder)  # HTML references, decoded split-safe
 
 
 class Session:
@@ -179,7 +184,9 @@ class Session:
             self._end_input(turn)
             raise BadMessage("turn_too_long", f"a turn may carry at most {self.limits.max_turn_chars} characters; "
                                               "its input has ended")
-        turn.stream.push_text(text)
+        text = turn.entities.feed(text)
+        if text:
+            turn.stream.push_text(text)
 
     def _on_end_turn(self, turn_id: str) -> None:
         if turn_id in self._past_turns:
@@ -207,6 +214,9 @@ class Session:
     def _end_input(self, turn: _Turn) -> None:
         if not turn.input_ended:
             turn.input_ended = True
+            rest = turn.entities.flush()
+            if rest:
+                turn.stream.push_text(rest)
             turn.stream.end_input()
         if self._open_turn == turn.turn_id:
             self._open_turn = None
