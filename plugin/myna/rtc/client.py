@@ -20,7 +20,7 @@ from urllib.parse import urlparse
 
 import aiohttp
 import numpy as np
-from aiortc import RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCPeerConnection, RTCRtpReceiver, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 
 from myna.access import AccessRefused, Credentials
@@ -137,12 +137,16 @@ class MynaClient:
         token: access token for a worker that has keys (sent as ``Authorization: Bearer``);
             None: ``MYNA_TOKEN``, else one minted from ``MYNA_API_KEY``/``MYNA_API_SECRET``
             (:class:`myna.access.Credentials`), else none.
+        codecs: the audio codecs to offer, as MIME types in order of preference (e.g.
+            ``["audio/PCMU"]``, as a SIP gateway would); None: aiortc's (Opus first). The
+            recorded frames are at the negotiated codec's rate (8 kHz for G.711).
     """
 
     url: str
     engine: str | None = None
     voice: str | None = None
     token: str | None = None
+    codecs: list[str] | None = None
     pc: RTCPeerConnection = field(init=False)
     events: asyncio.Queue = field(init=False)
     ready: dict | None = field(init=False, default=None)
@@ -167,11 +171,19 @@ class MynaClient:
         """
         if is_loopback_host(urlparse(self.url).hostname or ""):
             enable_loopback_candidates()  # a worker on loopback is only reachable there
+        wanted = None
+        if self.codecs is not None:
+            available = RTCRtpReceiver.getCapabilities("audio").codecs
+            wanted = [c for mime in self.codecs for c in available if c.mimeType.lower() == mime.lower()]
+            if not wanted:
+                raise ValueError(f"none of {self.codecs} is an audio codec aiortc has")
         self.events = asyncio.Queue()
         self.pc = RTCPeerConnection(rtc_configuration())
         self.channel = self.pc.createDataChannel("myna")
         self.channel.on("message", self._on_message)
-        self.pc.addTransceiver("audio", direction="recvonly")
+        transceiver = self.pc.addTransceiver("audio", direction="recvonly")
+        if wanted is not None:
+            transceiver.setCodecPreferences(wanted)
         self._recorder: asyncio.Task | None = None
 
         @self.pc.on("track")
