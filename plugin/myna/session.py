@@ -45,7 +45,7 @@ from myna.audio.playout import MAX_HOLD_S
 from myna.audio.turns import Gaps, as_mono_float32
 from myna.engines import AudioChunk, Engine, EngineError, ErrorEvent, FallbackEvent, SynthesisStream
 from myna.events import Error, Event, Fallback, FirstAudio, Ready, TurnDone
-from myna.limits import Limits
+from myna.limits import Limits, MessageRate
 from myna.messages import BadMessage, EndTurn, Interrupt, Message, Text, parse_message, quote_input
 from myna.metrics import Metrics
 from myna.text.entities import EntityDecoder
@@ -129,6 +129,7 @@ class Session:
         self._turns: dict[str, _Turn] = {}
         self._open_turn: str | None = None
         self._past_turns: deque[str] = deque(maxlen=REMEMBERED_TURNS)
+        self._refused: deque[str] = deque(maxlen=REMEMBERED_TURNS)  # turns refused whole for rate
         self._closed = False
         self._draining = False
         self._on_close: list[Callable[[], None]] = []
@@ -145,18 +146,47 @@ class Session:
         return Ready(engines=engines, engine=self.engine.name, sample_rate=sample_rate)
 
     # -- intake ---------------------------------------------------------------------------
-    def receive(self, raw: str | bytes) -> None:
-        """One client message as JSON text (:func:`myna.messages.parse_message`), then :meth:`handle`."""
+    def receive(self, raw: str | bytes, rate: MessageRate | None = None) -> None:
+        """One client message as JSON text (:func:`myna.messages.parse_message`), then :meth:`handle`
+        (a message that cannot be parsed counts against ``rate`` as one that begins nothing)."""
         try:
             message = parse_message(raw)
         except BadMessage as exc:
-            self._error(exc.code, exc.message, turn_id=exc.turn_id)
+            accept, report = rate.allow() if rate is not None else (True, False)
+            if accept:
+                self._error(exc.code, exc.message, turn_id=exc.turn_id)
+            elif report:
+                self._error("rate_limited", rate.message)
             return
-        self.handle(message)
+        self.handle(message, rate)
 
-    def handle(self, message: Message) -> None:
-        """Act on one client message; contract violations become ``error`` events."""
+    def continues_turn(self, message: Message) -> bool:
+        """Whether ``message`` carries text or the end of a turn this session has accepted and
+        whose input is still open (or is an ``interrupt``): such messages are never dropped for rate."""
+        if isinstance(message, Interrupt):
+            return True
+        turn = self._turns.get(getattr(message, "turn_id", None))
+        return turn is not None and not turn.input_ended and isinstance(message, (Text, EndTurn))
+
+    def handle(self, message: Message, rate: MessageRate | None = None) -> None:
+        """Act on one client message; contract violations become ``error`` events.
+
+        ``rate``: the door's message rate cap, for a door that cannot slow its reading
+        (:meth:`myna.limits.MessageRate.allow`): a message continuing an accepted turn always
+        passes; one that would begin a turn over the rate refuses that whole turn (``error``
+        ``rate_limited`` with its ``turn_id``, once per burst), and the turn's later chunks are
+        dropped with it, so no turn is spoken with words missing."""
         turn_id = getattr(message, "turn_id", None)
+        if turn_id is not None and turn_id in self._refused:
+            return  # a chunk of a turn refused whole (the client was told)
+        if rate is not None:
+            accept, report = rate.allow(self.continues_turn(message))
+            if not accept:
+                if turn_id is not None and turn_id not in self._turns:
+                    self._refused.append(turn_id)
+                if report:
+                    self._error("rate_limited", rate.turn_message if turn_id is not None else rate.message, turn_id)
+                return
         try:
             if isinstance(message, Text):
                 self._on_text(message.turn_id, message.text)

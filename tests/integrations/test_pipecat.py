@@ -248,3 +248,21 @@ async def test_a_reply_in_a_script_the_voice_cannot_read_is_reported_not_spoken(
     assert len([f for f in down if isinstance(f, TTSStartedFrame)]) == 1
     audio = [f for f in down if isinstance(f, TTSAudioRawFrame)]
     assert 0.5 < len(pcm_of(audio)) / RATE < 3  # "Hello, how are you?" only
+
+
+FAST_REPLY = ("Your order of three blue shirts ships on Friday from our warehouse in Leeds, and it should "
+              "arrive by Tuesday next week. ") * 11  # 242 words
+
+
+@pytest.mark.network
+async def test_a_fast_llm_reply_of_1200_tokens_loses_no_word_remotely(worker):
+    """Issue 24, case 1: the worker's message rate (200/s, burst 400) once dropped most of such a
+    reply; the plug-in now coalesces tokens, and the worker never cuts an accepted turn."""
+    size = len(FAST_REPLY) / 1200
+    tokens = [FAST_REPLY[round(i * size):round((i + 1) * size)] for i in range(1200)]
+    frames = [LLMFullResponseStartFrame(), *(LLMTextFrame(t) for t in tokens), LLMFullResponseEndFrame()]
+    down = await run(MynaTTSService(url=worker.url), frames)
+    words = [f.text.strip().lower().strip(".,") for f in down if isinstance(f, TTSTextFrame)]
+    assert words == words_of(FAST_REPLY)
+    pcm = pcm_of([f for f in down if isinstance(f, TTSAudioRawFrame)])
+    assert len(pcm) / RATE > 60  # ~80 s of speech

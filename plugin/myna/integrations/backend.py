@@ -54,6 +54,14 @@ log = logging.getLogger(__name__)
 
 #: Seconds allowed to open a WebSocket and get its ``ready`` answers.
 CONNECT_TIMEOUT = 10.0
+#: How long a remote turn holds the text an LLM writes after a message went out, to send it as
+#: one message (s): the first chunk goes at once, then at most one message per 20 ms (50 a
+#: second, well under a worker's message rate) however fast the tokens come, and no
+#: word waits more than 20 ms. ``end_input`` sends what is held at once.
+COALESCE_S = 0.02
+#: Most characters of text in one message (the contract's messages are at most 16 KiB of JSON;
+#: a character escaped as a surrogate pair takes 12 bytes).
+MAX_MESSAGE_CHARS = 1000
 
 
 @dataclass(frozen=True)
@@ -519,19 +527,58 @@ class _RemoteTurn(_EventTurn):
         super().__init__()
         self._conn = conn
 
+        self._pending = ""  # text pushed, not yet sent
+        self._sender: asyncio.Task | None = None
+        self._ending = asyncio.Event()  # end_input: send what is pending now
+        self._send_error: MynaError | None = None
+
     async def push_text(self, text: str) -> None:
+        """Queue ``text``; it goes out coalesced (see :data:`COALESCE_S`): the first chunk at
+        once, what the LLM writes meanwhile as one message a little later."""
         if self._takes_text() and text:
             self._sent_any = True
-            await self._conn.send({"type": "text", "turn_id": self.turn_id, "text": text})
+            if self._send_error is not None:
+                raise self._send_error
+            self._pending += text
+            if self._sender is None or self._sender.done():
+                self._sender = asyncio.get_running_loop().create_task(self._send_pending())
+
+    async def _send_pending(self) -> None:
+        try:
+            while True:
+                while self._pending:
+                    text, self._pending = self._pending[:MAX_MESSAGE_CHARS], self._pending[MAX_MESSAGE_CHARS:]
+                    await self._conn.send({"type": "text", "turn_id": self.turn_id, "text": text})
+                if self._ending.is_set():
+                    return
+                try:  # hold what comes next for a moment, to send it as one message
+                    await asyncio.wait_for(self._ending.wait(), COALESCE_S)
+                except asyncio.TimeoutError:
+                    pass
+                if not self._pending:
+                    return
+        except MynaError as exc:
+            self._send_error = exc
 
     async def end_input(self) -> None:
         if self._ended or self._cancelled or self._done:
             return
         self._ended = True
         self._sent_any = True
+        self._ending.set()
+        if self._sender is not None:
+            await self._sender
+        if self._pending and self._send_error is None:  # (pushed while no sender ran)
+            await self._send_pending()
+        if self._send_error is not None:
+            raise self._send_error
         await self._conn.send({"type": "end_turn", "turn_id": self.turn_id})
 
     async def _interrupt(self) -> None:
+        self._pending = ""
+        if self._sender is not None:
+            self._sender.cancel()
+            await asyncio.gather(self._sender, return_exceptions=True)
         try:
             await self._conn.send({"type": "interrupt"})
         except MynaError:

@@ -20,8 +20,9 @@ Follow one connection:
    turn gets ``turn_done`` with ``"interrupted": true``.
 
 Bad input (bad JSON, a text message over 16 KiB, binary input, an unknown engine or voice, a
-late ``config``, messages over the rate cap) gets an ``error`` event and the connection stays
-open. No outgoing message is over 16 KiB (PCM goes out in pieces of at most 16 KiB). Opening the connection passes the worker's token check
+late ``config``) gets an ``error`` event and the connection stays open. Messages over the rate
+cap are not dropped: the connection reads more slowly (:meth:`myna.limits.MessageRate.pace`),
+so TCP pushes back on the client. No outgoing message is over 16 KiB (PCM goes out in pieces of at most 16 KiB). Opening the connection passes the worker's token check
 and session limits (``?access_token=`` is accepted as well as the header). Messages over
 :data:`MAX_FRAME_BYTES` close the connection (WebSocket close code 1009). A client that
 disconnects mid-turn has its turns cancelled and the engine streams released.
@@ -156,11 +157,11 @@ class StreamConnection:
         self.outbox.put_event(self.ready_event())
         async for msg in self._ws:
             if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
-                allowed, report = self._rate.allow()
-                if not allowed:
-                    if report:
-                        self._error("rate_limited", self._rate.message)
-                    continue
+                # Back-pressure, not loss: over the message rate, stop reading for a while (the
+                # socket's buffers fill and the client's sends wait); every message is handled.
+                wait = self._rate.pace()
+                if wait:
+                    await asyncio.sleep(wait)
             if msg.type == WSMsgType.TEXT:
                 self.handle_text(msg.data)
             elif msg.type == WSMsgType.BINARY:

@@ -5,8 +5,8 @@ admits the client, and the peer gets a :class:`~myna.session.Session` whose outp
 :class:`~myna.audio.playout.Playout`, drained by the peer's audio track
 (:class:`~myna.rtc.track.PacedAudioTrack`): Opus, or G.711 (PCMU/PCMA) when that is what the
 offer allows, encoded as G.711 (an offer with none of these is refused: 415
-``unsupported_codec``, naming them). Each data-channel message goes through the
-peer's message rate cap into :meth:`Session.receive`; the session's events go back out on the
+``unsupported_codec``, naming them). Each data-channel message goes into :meth:`Session.receive`
+under the peer's message rate cap (which never cuts a turn already accepted); the session's events go back out on the
 channel the client last spoke on, as JSON no larger than the peer's SCTP
 ``a=max-message-size`` (an event that cannot fit is dropped, and said once per event type).
 
@@ -147,11 +147,7 @@ class Peers:
             @channel.on("message")
             def on_message(message) -> None:
                 peer.channel = channel  # events go to the channel the client last spoke on
-                allowed, report = peer.rate.allow()
-                if allowed:
-                    session.receive(message)
-                elif report:
-                    session.refuse("rate_limited", peer.rate.message)
+                session.receive(message, peer.rate)  # (a turn already accepted is never cut for rate)
 
             @channel.on("close")
             def on_close() -> None:
