@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from myna.access import AccessRefused, Credentials
+from myna.access import ERROR_HEADER, AccessRefused, Credentials
 from myna.audio.unpaced import UnpacedOutput
 from myna.engines import Engine
 from myna.engines.base import NON_FATAL_CODES
@@ -59,6 +59,10 @@ CONNECT_TIMEOUT = 10.0
 #: second, well under a worker's message rate) however fast the tokens come, and no
 #: word waits more than 20 ms. ``end_input`` sends what is held at once.
 COALESCE_S = 0.02
+#: Error codes after which trying again (a new connection, behind a load balancer another
+#: worker) may succeed: the plug-ins report them as retryable.
+RETRYABLE_CODES = frozenset({"connection_failed", "connection_lost", "draining", "full", "not_ready", "unavailable",
+                             "rate_limited", "heartbeat_timeout"})
 #: Most characters of text in one message (the contract's messages are at most 16 KiB of JSON;
 #: a character escaped as a surrogate pair takes 12 bytes).
 MAX_MESSAGE_CHARS = 1000
@@ -421,6 +425,11 @@ class RemoteBackend(Backend):
             if isinstance(exc, aiohttp.WSServerHandshakeError) and exc.status in (401, 403, 431):
                 refused = AccessRefused.from_status(exc.status, token_sent=bool(headers), headers=exc.headers)
                 raise MynaError(refused.code, refused.message) from None
+            if isinstance(exc, aiohttp.WSServerHandshakeError) and exc.status == 503:
+                code = (exc.headers or {}).get(ERROR_HEADER) or "unavailable"
+                raise MynaError(code if code in RETRYABLE_CODES else "unavailable",
+                                f"{self.url} cannot take a session now ({code}); retry, or connect to another "
+                                "worker") from None
             raise MynaError("connection_failed", f"cannot reach {self.url}: {str(exc) or type(exc).__name__}") from None
         self._all.add(conn)
         self.scripts = frozenset(conn.ready.get("scripts") or LATIN)
@@ -456,10 +465,12 @@ class _Connection:
         self._turn: _RemoteTurn | None = None
         self._reader: asyncio.Task | None = None
         self.ready: dict | None = None
+        self.retired = False  # a turn left it (the worker drains): never pooled again
 
     @property
     def usable(self) -> bool:
-        return not self._ws.closed and self._turn is None and self._reader is not None and not self._reader.done()
+        return (not self.retired and not self._ws.closed and self._turn is None and self._reader is not None
+                and not self._reader.done())
 
     async def handshake(self, config: dict) -> None:
         """Read the greeting ``ready``, send ``config``, read its answer."""
@@ -523,9 +534,18 @@ class _Connection:
 
 
 class _RemoteTurn(_EventTurn):
+    """A turn on a worker connection. A turn the worker refuses before it began because it is
+    draining (``error`` ``draining``), or whose connection was lost before it began (a pooled
+    connection the draining worker closed with 1001), moves once to a new connection to the same
+    URL (behind a load balancer, another worker) and is sent again from its first chunk: nothing
+    of it was spoken, so nothing is heard twice."""
+
     def __init__(self, conn: _Connection):
         super().__init__()
         self._conn = conn
+        self._replay: list[dict] = []  # every message sent before turn_started, for a move
+        self._moved = False
+        self._moving: asyncio.Task | None = None
 
         self._pending = ""  # text pushed, not yet sent
         self._sender: asyncio.Task | None = None
@@ -548,7 +568,7 @@ class _RemoteTurn(_EventTurn):
             while True:
                 while self._pending:
                     text, self._pending = self._pending[:MAX_MESSAGE_CHARS], self._pending[MAX_MESSAGE_CHARS:]
-                    await self._conn.send({"type": "text", "turn_id": self.turn_id, "text": text})
+                    await self._send({"type": "text", "turn_id": self.turn_id, "text": text})
                 if self._ending.is_set():
                     return
                 try:  # hold what comes next for a moment, to send it as one message
@@ -572,7 +592,63 @@ class _RemoteTurn(_EventTurn):
             await self._send_pending()
         if self._send_error is not None:
             raise self._send_error
-        await self._conn.send({"type": "end_turn", "turn_id": self.turn_id})
+        await self._send({"type": "end_turn", "turn_id": self.turn_id})
+
+    async def _send(self, message: dict) -> None:
+        """Send on the turn's connection (after a move in progress); remembered for a move until
+        the turn has started."""
+        if self._moving is not None:
+            await asyncio.shield(self._moving)
+        if self._send_error is not None:
+            raise self._send_error
+        if not self._started:
+            self._replay.append(message)
+        try:
+            await self._conn.send(message)
+        except MynaError as exc:
+            if exc.code != "connection_lost" or not self._may_move():
+                raise
+            self._move()  # (the message is in the replay)
+
+    def _may_move(self) -> bool:
+        return not (self._moved or self._started or self._cancelled or self._done)
+
+    def _event(self, event: Event) -> None:
+        if (isinstance(event, Error) and event.code == "draining" and event.turn_id == self.turn_id
+                and self._may_move()):
+            self._move()
+            return
+        super()._event(event)
+        if self._started:
+            self._replay = []
+
+    def _fail(self, error: MynaError) -> None:
+        if error.code == "connection_lost" and self._may_move():
+            self._move()
+            return
+        super()._fail(error)
+
+    def _move(self) -> None:
+        """Leave this connection (it is not pooled again) for a new one, once."""
+        self._moved = True
+        old, old._turn = self._conn, None
+        old.retired = True
+        self._moving = asyncio.get_running_loop().create_task(self._reconnect(old))
+
+    async def _reconnect(self, old: _Connection) -> None:
+        log.info("turn %s: the worker is draining (or the connection was lost) before it began; reconnecting",
+                 self.turn_id)
+        await old.close()
+        try:
+            conn = await self._conn._backend._connect()
+            conn._turn, self._conn = self, conn
+            for message in self._replay:
+                await conn.send(message)
+        except MynaError as exc:
+            self._send_error = exc
+            super()._fail(exc)
+        finally:
+            self._moving = None
 
     async def _interrupt(self) -> None:
         self._pending = ""

@@ -22,7 +22,8 @@ unexpected exception is logged and answered with a bare 500 of the same shape, n
 
 Graceful drain (:meth:`Worker.drain`): readiness turns 503 ``draining``, new offers and
 WebSocket connections get 503, sessions refuse new turns (``error`` ``draining``) and the turns
-already speaking finish, up to a timeout; then the app's cleanup closes everything.
+already speaking finish, up to a timeout; idle WebSocket connections are closed at once with
+1001, busy ones once their turns are done; then the app's cleanup closes everything.
 """
 
 from __future__ import annotations
@@ -174,10 +175,16 @@ class Worker:
 
     async def drain(self, timeout: float) -> bool:
         """Stop taking sessions and turns; wait up to ``timeout`` s for speaking turns to finish.
+        Idle WebSocket connections are closed at once (1001 "going away"), the others as soon
+        as their turns are done, so a pooling client reconnects (behind a load balancer, to
+        another worker) instead of finding out at its next turn.
 
         Returns:
             True when every turn finished in time (the caller closes the worker afterwards).
         """
+        self.sessions.start_drain()
+        for connection in list(self.streams):
+            connection.drain()
         return await self.sessions.drain(timeout)
 
     async def close(self) -> None:

@@ -25,7 +25,9 @@ cap are not dropped: the connection reads more slowly (:meth:`myna.limits.Messag
 so TCP pushes back on the client. No outgoing message is over 16 KiB (PCM goes out in pieces of at most 16 KiB). Opening the connection passes the worker's token check
 and session limits (``?access_token=`` is accepted as well as the header). Messages over
 :data:`MAX_FRAME_BYTES` close the connection (WebSocket close code 1009). A client that
-disconnects mid-turn has its turns cancelled and the engine streams released.
+disconnects mid-turn has its turns cancelled and the engine streams released. When the worker
+drains (SIGTERM), an idle connection is closed at once with 1001 "going away", a busy one once
+its turns are done: a client reconnects (behind a load balancer, to another worker).
 """
 
 from __future__ import annotations
@@ -33,13 +35,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from dataclasses import dataclass
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from myna.audio.unpaced import UnpacedOutput
 from myna.engines import Engine
 from myna.errors import MynaError
-from myna.events import MAX_MESSAGE_BYTES, Error, Event, Ready, encode_event
+from myna.events import MAX_MESSAGE_BYTES, Error, Event, Ready, TurnDone, encode_event
 from myna.messages import BadMessage, Config, parse_message
 from myna.server.auth import Grant
 from myna.session import Session
@@ -53,7 +56,16 @@ MAX_FRAME_BYTES = 1024 * 1024
 #: PCM a connection may have queued but unsent before it is closed as a slow consumer
 #: (16 MiB: ~87 s of audio at 96 kHz, ~6 min at 22.05 kHz).
 MAX_QUEUED_AUDIO_BYTES = 16 * 2**20
-_CLOSE = object()  # outbox marker: close the socket here
+#: Close code and reason of a connection the worker closes because it is draining.
+GOING_AWAY = (WSCloseCode.GOING_AWAY, b"worker draining: reconnect")
+
+
+@dataclass(frozen=True)
+class _Close:
+    """Outbox marker: close the socket here, with this code and reason."""
+
+    code: int
+    reason: bytes
 
 
 class Outbox:
@@ -93,9 +105,14 @@ class Outbox:
             self.drop_audio()
             self.put_event(Error(code="slow_consumer",
                                  message=f"over {self._max_audio_bytes // 2**20} MiB of audio unread; closing"))
-            self._items.append(_CLOSE)
+            self._items.append(_Close(WSCloseCode.POLICY_VIOLATION, b"slow consumer"))
         else:  # in messages of at most 16 KiB (an even size: whole samples), like every other
             self._items.extend(pcm[i : i + MAX_MESSAGE_BYTES] for i in range(0, len(pcm), MAX_MESSAGE_BYTES))
+        self._wake.set()
+
+    def close_after_sent(self, code: int, reason: bytes) -> None:
+        """Close the socket with ``code`` once everything queued before now has been sent."""
+        self._items.append(_Close(code, reason))
         self._wake.set()
 
     def drop_audio(self) -> None:
@@ -110,8 +127,8 @@ class Outbox:
                 self._wake.clear()
                 while self._items:
                     item = self._items.popleft()
-                    if item is _CLOSE:
-                        await self._ws.close(code=WSCloseCode.POLICY_VIOLATION, message=b"slow consumer")
+                    if isinstance(item, _Close):
+                        await self._ws.close(code=item.code, message=item.reason)
                         return
                     if isinstance(item, str):
                         await self._ws.send_str(item)
@@ -147,6 +164,7 @@ class StreamConnection:
         self.sample_rate = self.engine.sample_rate
         self.outbox = Outbox(ws)
         self.session: Session | None = None  # opened by the first turn message
+        self._draining = False
 
     def ready_event(self) -> Ready:
         return Ready(engines=list(self._worker.engines), engine=self.engine.name, voice=self.voice,
@@ -188,8 +206,21 @@ class StreamConnection:
                 return
             self.session = self._worker.sessions.open(
                 self.engine, lambda s: UnpacedOutput.for_session(s, self.outbox, self.sample_rate),
-                self.outbox.put_event, voice=self.voice)
+                self._send, voice=self.voice)
         self.session.handle(message)
+
+    def drain(self) -> None:
+        """The worker drains: close now (1001) if no turn is open or speaking, else once the
+        last one is done (its ``turn_done`` goes out first)."""
+        if not self._draining:
+            self._draining = True
+            if self.session is None or not self.session.busy:
+                self.outbox.close_after_sent(*GOING_AWAY)
+
+    def _send(self, event: Event) -> None:
+        self.outbox.put_event(event)
+        if self._draining and isinstance(event, TurnDone) and not self.session.busy:
+            self.outbox.close_after_sent(*GOING_AWAY)
 
     def _configure(self, config: Config) -> None:
         if self.session is not None:
