@@ -59,6 +59,9 @@ CONNECT_TIMEOUT = 10.0
 #: second, well under a worker's message rate) however fast the tokens come, and no
 #: word waits more than 20 ms. ``end_input`` sends what is held at once.
 COALESCE_S = 0.02
+#: Seconds between a remote backend's pings on each connection; a worker that has not answered
+#: within half of it is taken for dead (the worker pings its clients on the same schedule).
+HEARTBEAT_S = 10.0
 #: Error codes after which trying again (a new connection, behind a load balancer another
 #: worker) may succeed: the plug-ins report them as retryable.
 RETRYABLE_CODES = frozenset({"connection_failed", "connection_lost", "draining", "full", "not_ready", "unavailable",
@@ -379,6 +382,11 @@ class RemoteBackend(Backend):
         voice: voice name (None: the engine's default).
         sample_rate: rate the worker resamples to (Hz).
         session: an ``aiohttp.ClientSession`` to use (None: the backend owns one).
+        heartbeat: seconds between this side's pings on each connection (None:
+            :data:`HEARTBEAT_S`); a worker that has not answered one within half of it (frozen,
+            or gone without a close) fails the turn in progress with the retryable
+            ``heartbeat_timeout`` (a turn not yet begun moves to a new connection), and the
+            connection is not reused.
         credentials: the access token sent on each connection (None: from the environment,
             see :class:`myna.access.Credentials`). A refused token fails :meth:`start` and
             :meth:`open_turn` with :class:`MynaError` ``token_required``, ``bad_token`` or
@@ -387,7 +395,7 @@ class RemoteBackend(Backend):
 
     def __init__(self, url: str, *, engine_name: str | None = None, voice: str | None = None,
                  sample_rate: int = 24_000, session: aiohttp.ClientSession | None = None,
-                 credentials: Credentials | None = None):
+                 credentials: Credentials | None = None, heartbeat: float | None = None):
         url = url.rstrip("/")
         if url.startswith("http"):
             url = "ws" + url[len("http"):]
@@ -397,6 +405,7 @@ class RemoteBackend(Backend):
         self.engine_name = engine_name
         self.voice = voice
         self.sample_rate = sample_rate
+        self.heartbeat = HEARTBEAT_S if heartbeat is None else heartbeat
         self._credentials = credentials or Credentials()
         self._session = session
         self._owns_session = session is None
@@ -417,7 +426,8 @@ class RemoteBackend(Backend):
             config["voice"] = self.voice
         headers = self._credentials.headers()
         try:
-            ws = await asyncio.wait_for(self._session.ws_connect(self.url, headers=headers, max_msg_size=0),
+            ws = await asyncio.wait_for(self._session.ws_connect(self.url, headers=headers, max_msg_size=0,
+                                                                 heartbeat=self.heartbeat or None),
                                         CONNECT_TIMEOUT)
             conn = _Connection(self, ws)
             await asyncio.wait_for(conn.handshake(config), CONNECT_TIMEOUT)
@@ -524,7 +534,11 @@ class _Connection:
                     break
         finally:
             if self._turn is not None:
-                self._turn._fail(MynaError("connection_lost", "the worker closed the connection"))
+                if isinstance(self._ws.exception(), asyncio.TimeoutError):  # no pong: frozen or gone
+                    self._turn._fail(MynaError("heartbeat_timeout", f"the worker stopped answering pings "
+                                                                    f"({self._backend.heartbeat / 2:g} s without a pong)"))
+                else:
+                    self._turn._fail(MynaError("connection_lost", "the worker closed the connection"))
 
     async def close(self) -> None:
         await self._ws.close()
@@ -623,7 +637,7 @@ class _RemoteTurn(_EventTurn):
             self._replay = []
 
     def _fail(self, error: MynaError) -> None:
-        if error.code == "connection_lost" and self._may_move():
+        if error.code in ("connection_lost", "heartbeat_timeout") and self._may_move():
             self._move()
             return
         super()._fail(error)

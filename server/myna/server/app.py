@@ -76,6 +76,9 @@ class Worker:
         measure_capacity: at start-up, set ``limits.max_sessions`` (when None) to the default
             engine's measured capacity (:func:`myna.limits.measure_capacity`), before the
             phrase cache is filled.
+        ws_heartbeat: seconds between the WebSocket door's pings (``myna serve --ws-heartbeat``);
+            a client that has not answered one within half of it is dropped and its session
+            freed (0: no pings).
     """
 
     engines: Engines | dict[str, Engine]
@@ -85,6 +88,7 @@ class Worker:
     limits: Limits = field(default_factory=Limits.off)
     auth: Authenticator | None = None
     measure_capacity: bool = False
+    ws_heartbeat: float = 10.0
     metrics: Metrics = field(default_factory=Metrics)
     streams: set = field(default_factory=set)  # open /v1/tts/stream connections
     ready: bool = False

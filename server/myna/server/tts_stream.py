@@ -25,8 +25,10 @@ cap are not dropped: the connection reads more slowly (:meth:`myna.limits.Messag
 so TCP pushes back on the client. No outgoing message is over 16 KiB (PCM goes out in pieces of at most 16 KiB). Opening the connection passes the worker's token check
 and session limits (``?access_token=`` is accepted as well as the header). Messages over
 :data:`MAX_FRAME_BYTES` close the connection (WebSocket close code 1009). A client that
-disconnects mid-turn has its turns cancelled and the engine streams released. When the worker
-drains (SIGTERM), an idle connection is closed at once with 1001 "going away", a busy one once
+disconnects mid-turn has its turns cancelled and the engine streams released. A client that
+stops answering pings (a frozen or vanished peer: :attr:`myna.server.app.Worker.ws_heartbeat`,
+10 s, and no pong within half of it) is dropped and its session and slot are freed. When the
+worker drains (SIGTERM), an idle connection is closed at once with 1001 "going away", a busy one once
 its turns are done: a client reconnects (behind a load balancer, to another worker).
 """
 
@@ -261,7 +263,7 @@ def add_tts_stream(app: web.Application, worker) -> None:
         grant = worker.authorize(request, query_token=True)
         release = worker.admit(worker.client_of(request, grant), grant)
         try:
-            ws = web.WebSocketResponse(max_msg_size=MAX_FRAME_BYTES)
+            ws = web.WebSocketResponse(max_msg_size=MAX_FRAME_BYTES, heartbeat=worker.ws_heartbeat or None)
             await ws.prepare(request)
             connections.add(ws)
             connection = StreamConnection(worker, ws, grant)
