@@ -9,8 +9,9 @@ A worker on the internet must bound what one client can take. Three kinds of lim
 - **Rates.** Offers (``POST /api/offer``, WebSocket connections) per client and messages per
   session, each a token bucket (:class:`TokenBucket`): ``burst`` at once, then ``rate`` per
   second. An offer over the rate gets 429 ``rate_limited`` with ``Retry-After``. Messages are
-  never dropped from a turn already accepted: the WebSocket slows its reading (back-pressure),
-  the data channel and room packets refuse only a turn that would begin over the rate, whole
+  never dropped from a turn already accepted (its text is bounded by ``max_turn_chars``, an
+  empty chunk counting as one character): over the rate the WebSocket holds back the next turn
+  (back-pressure), the data channel and room packets refuse a turn that would begin, whole
   (``error`` ``rate_limited`` with its ``turn_id``; :class:`MessageRate`).
 - **Turns.** Characters per turn (``turn_too_long``) and turns queued per session
   (``too_many_turns``), enforced by :class:`myna.session.Session`.
@@ -118,9 +119,11 @@ class MessageRate:
     """The message rate cap of one session: a :class:`TokenBucket` that protects the worker
     without losing words. Two ways to apply it, by what the door can do:
 
-    - :meth:`pace` (a door that can stop reading: the WebSocket): back-pressure. Every message
-      counts; over the rate the door waits before reading on (TCP pushes back on the client),
-      and nothing is dropped.
+    - :meth:`pace` (a door that can stop reading: the WebSocket): back-pressure. A message
+      that begins a turn (or any other than the open turn's text and ``end_turn``) counts, and
+      over the rate the door waits before handling it and reading on (TCP pushes back on the
+      client); nothing is dropped. The open turn's text goes straight in, as with :meth:`allow`
+      (a pause of the reader mid-turn could cut a word at the quiet time).
     - :meth:`allow` (a door that cannot: the data channel, room data packets): a message that
       continues a turn the session has accepted (its text, its ``end_turn``) and ``interrupt``
       are always taken; they count, so they slow the next turn's start. A message that would

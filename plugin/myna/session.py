@@ -208,7 +208,7 @@ class Session:
         turn = self._turns.get(turn_id) or self._begin_turn(turn_id)
         if turn.input_ended:
             raise BadMessage("turn_ended", "this turn's input has ended; use a new turn_id")
-        turn.chars += len(text)
+        turn.chars += max(1, len(text))  # (an empty chunk counts as one: a turn's messages are bounded too)
         if self.limits.max_turn_chars is not None and turn.chars > self.limits.max_turn_chars:
             # Nothing past the cap is spoken: the turn keeps what came before and its input ends.
             self._end_input(turn)

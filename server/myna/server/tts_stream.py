@@ -21,8 +21,10 @@ Follow one connection:
 
 Bad input (bad JSON, a text message over 16 KiB, binary input, an unknown engine or voice, a
 late ``config``) gets an ``error`` event and the connection stays open. Messages over the rate
-cap are not dropped: the connection reads more slowly (:meth:`myna.limits.MessageRate.pace`),
-so TCP pushes back on the client. No outgoing message is over 16 KiB (PCM goes out in pieces of at most 16 KiB). Opening the connection passes the worker's token check
+cap are not dropped: a message that begins a turn (or configures, or is bad) waits until the
+rate allows it, so the connection reads more slowly and TCP pushes back on the client
+(:meth:`myna.limits.MessageRate.pace`); the text and ``end_turn`` of the turn in progress go
+straight in (its size is bounded by ``max_turn_chars``). No outgoing message is over 16 KiB (PCM goes out in pieces of at most 16 KiB). Opening the connection passes the worker's token check
 and session limits (``?access_token=`` is accepted as well as the header). Messages over
 :data:`MAX_FRAME_BYTES` close the connection (WebSocket close code 1009). A client that
 disconnects mid-turn has its turns cancelled and the engine streams released. A client that
@@ -176,26 +178,36 @@ class StreamConnection:
         """Serve the connection until the client closes it."""
         self.outbox.put_event(self.ready_event())
         async for msg in self._ws:
-            if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
-                # Back-pressure, not loss: over the message rate, stop reading for a while (the
-                # socket's buffers fill and the client's sends wait); every message is handled.
-                wait = self._rate.pace()
-                if wait:
-                    await asyncio.sleep(wait)
             if msg.type == WSMsgType.TEXT:
-                self.handle_text(msg.data)
+                await self.handle_text(msg.data)
             elif msg.type == WSMsgType.BINARY:
+                await self._pace()
                 self._error("binary_input", "binary messages are not accepted; send JSON text messages")
             elif msg.type == WSMsgType.ERROR:
                 log.info("tts stream closed with error: %s", self._ws.exception())
                 break
 
-    def handle_text(self, raw: str) -> None:
+    async def _pace(self) -> None:
+        """Back-pressure, not loss: over the message rate, stop reading for a while (the
+        socket's buffers fill and the client's sends wait); the message is handled after."""
+        wait = self._rate.pace()
+        if wait:
+            await asyncio.sleep(wait)
+
+    async def handle_text(self, raw: str) -> None:
+        """One client message. Text and ``end_turn`` of the turn in progress go straight in (a
+        word is never cut by a pause of the reader; :meth:`myna.session.Session.continues_turn`);
+        everything else (a new turn, ``config``, bad input) waits for the message rate."""
         try:
             message = parse_message(raw, config=True)
         except BadMessage as exc:
+            await self._pace()
             self._error(exc.code, exc.message, exc.turn_id)
             return
+        if self.session is not None and self.session.continues_turn(message):
+            self._rate.allow(continues_turn=True)  # (counted when it fits; never held back)
+        else:
+            await self._pace()
         if isinstance(message, Config):
             self._configure(message)
             return
