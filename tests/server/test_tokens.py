@@ -90,6 +90,10 @@ MALFORMED = {
     "exp a string": ({"exp": "tomorrow"}, 401, "bad_token"),
     "nbf a list": ({"nbf": [1]}, 401, "bad_token"),
     "exp missing": ({"exp": DROP}, 401, "bad_token"),
+    "exp null": ({"exp": None}, 401, "bad_token"),
+    "exp true": ({"exp": True}, 401, "bad_token"),
+    "nbf a string": ({"nbf": "now"}, 401, "bad_token"),
+    "iat huge": ({"iat": 1e308 * 10}, 401, "bad_token"),
     "iss a list": ({"iss": [KEY]}, 401, "bad_token"),
     "claims not a dict": (None, 401, "bad_token"),
 }
@@ -117,6 +121,9 @@ def test_a_malformed_claim_is_named_in_the_refusal():
     with pytest.raises(AuthError, match="myna.max_sessions"):
         auth.verify(signed(attributes={"myna.max_sessions": "-3"}))
     assert auth.verify(signed(attributes={"myna.max_sessions": "2", "myna.engines": "tone"})).max_sessions == 2
+    assert auth.verify(signed(exp=10**30)).identity == "alice"  # far future: fine
+    with pytest.raises(AuthError, match="not valid yet"):
+        auth.verify(signed(nbf=10**30))  # (a time no datetime can show is still named)
 
 
 # -- case 6: clock skew --------------------------------------------------------------------

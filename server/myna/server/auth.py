@@ -182,8 +182,8 @@ class Authenticator:
             raise AuthError(401, "bad_token", "the access token is malformed (not an HS256 JWT of this worker)") from None
         for name in ("exp", "nbf", "iat"):
             value = claims.get(name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                      or not math.isfinite(value)):
+            if (value is not None or name == "exp") and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                                         or not math.isfinite(value)):
                 raise _malformed(name, "a number of seconds since the epoch")
         expires, starts = claims["exp"], max(claims.get("nbf") or 0, claims.get("iat") or 0)
         if now > expires + self.clock_skew:
