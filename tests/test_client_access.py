@@ -80,14 +80,14 @@ def test_a_key_pair_mints_a_fresh_token_the_worker_accepts_for_each_connection(m
     monkeypatch.setenv("MYNA_TOKEN", "from-env")
     given = Credentials(api_key=KEY, api_secret=OTHER_SECRET)  # given keys beat the environment's token and keys
     assert given.token() != "from-env"
-    with pytest.raises(AuthError, match="not valid"):
+    with pytest.raises(AuthError, match="another secret"):
         Authenticator(KEY, SECRET).verify(given.token())
     assert Credentials().identity != Credentials().identity  # separate clients, separate session caps
 
 
 def test_a_refusal_names_the_fix_for_each_code():
     assert "MYNA_TOKEN" in str(AccessRefused(401, "token_required")) and "myna token" in str(AccessRefused(401, "token_required"))
-    assert "another key, expired" in str(AccessRefused.from_status(401, token_sent=True))
+    assert "another key" in str(AccessRefused.from_status(401, token_sent=True))
     assert AccessRefused.from_status(401, token_sent=False).code == "token_required"
     assert AccessRefused.from_status(403, token_sent=True).code == "forbidden"
 
@@ -139,7 +139,7 @@ async def test_a_command_line_client_with_no_or_a_wrong_token_exits_1_in_one_lin
     async with serve_in_process(secured_worker()) as url:
         for argv, env, fix in ((client(url, tmp_path / "a.wav"), None, "MYNA_TOKEN"),
                                (client(url, tmp_path / "b.wav", "--token", wrong), None, "myna token"),
-                               (client(url, tmp_path / "c.wav"), {"MYNA_TOKEN": wrong}, "not valid")):
+                               (client(url, tmp_path / "c.wav"), {"MYNA_TOKEN": wrong}, "another secret")):
             status, stderr = await run(*argv, env=env)
             lines = stderr.strip().splitlines()
             assert status == 1 and len(lines) == 1 and "Traceback" not in stderr, stderr

@@ -14,7 +14,7 @@ remote backend, ``examples/client.py``) gets its token from :class:`Credentials`
 4. else, with ``MYNA_API_KEY`` and ``MYNA_API_SECRET`` set, tokens minted from those (as in 2);
 5. else no token (a worker without keys needs none).
 
-A refusal (HTTP 401/403) becomes :class:`AccessRefused`, whose message names the fix.
+A refusal (HTTP 401/403/431) becomes :class:`AccessRefused`, whose message names the fix.
 """
 
 from __future__ import annotations
@@ -31,27 +31,42 @@ API_KEY_ENV, API_SECRET_ENV = "MYNA_API_KEY", "MYNA_API_SECRET"
 MINTED_TTL = datetime.timedelta(minutes=10)
 
 #: The HTTP status of each error code of a refused token (:mod:`myna.server.auth`).
-ACCESS_STATUS = {"token_required": 401, "bad_token": 401, "forbidden": 403}
+ACCESS_STATUS = {"token_required": 401, "bad_token": 401, "token_expired": 401, "token_not_yet_valid": 401,
+                 "forbidden": 403, "token_too_large": 431}
+#: Header of a worker's refusal that names its error code (a refused WebSocket handshake has no
+#: readable body).
+ERROR_HEADER = "Myna-Error"
 
 _PROBLEMS = {
     "token_required": "this worker needs an access token",
-    "bad_token": "the worker refused the access token (signed with another key, expired or malformed)",
+    "bad_token": "the worker refused the access token (signed with another key, or malformed)",
+    "token_expired": "the access token has expired by the worker's clock",
+    "token_not_yet_valid": "the access token is not valid yet by the worker's clock (the minter's clock runs ahead)",
+    "token_too_large": "the access token is too large for the worker",
     "forbidden": "the access token does not allow this (no inference grant, or an engine outside its myna.engines)",
 }
 _FIXES = {
     "token_required": f"pass one (token=, --token) or set {TOKEN_ENV}; `myna token --identity NAME` mints one "
                       "with the worker's API key and secret",
     "bad_token": "mint a fresh one with `myna token` and the worker's own API key and secret",
+    "token_expired": "mint a fresh one (`myna token`, or let the client mint one per connection from the key "
+                     "pair); if a fresh one is refused too, the minter's clock runs behind the worker's: sync "
+                     "both clocks (NTP)",
+    "token_not_yet_valid": "a fresh token will fail the same way: sync the clock of the machine that mints tokens "
+                           "with the worker's (NTP)",
+    "token_too_large": "mint one with fewer attributes",
     "forbidden": "mint one that allows it with `myna token` (--engines)",
 }
 
 
 class AccessRefused(RuntimeError):
-    """The worker refused this client's token (HTTP 401 or 403).
+    """The worker refused this client's token (HTTP 401, 403 or 431).
 
     Attributes:
-        status: the HTTP status (401 or 403).
-        code: ``token_required``, ``bad_token`` or ``forbidden`` (the worker's contract codes).
+        status: the HTTP status (401, 403 or 431).
+        code: a key of :data:`ACCESS_STATUS` (the worker's contract codes: ``token_required``,
+            ``bad_token``, ``token_expired``, ``token_not_yet_valid``, ``forbidden``,
+            ``token_too_large``); the advice follows it.
         message: what went wrong (the worker's words when it sent some) and how to fix it
             (also ``str(exc)``).
     """
@@ -63,10 +78,18 @@ class AccessRefused(RuntimeError):
         super().__init__(self.message)
 
     @classmethod
-    def from_status(cls, status: int, token_sent: bool) -> "AccessRefused":
+    def from_status(cls, status: int, token_sent: bool, headers=None) -> "AccessRefused":
         """The refusal of a request whose answer body could not be read (a WebSocket handshake):
-        the code follows from the status and whether a token was sent."""
-        return cls(status, "forbidden" if status == 403 else "bad_token" if token_sent else "token_required")
+        the code from its ``Myna-Error`` header (in ``headers``, a mapping), else from the status
+        and whether a token was sent; the worker's time from its ``Date`` header."""
+        code = (headers or {}).get(ERROR_HEADER)
+        if code not in ACCESS_STATUS:
+            code = "forbidden" if status == 403 else "bad_token" if token_sent else "token_required"
+        detail = ""
+        date = (headers or {}).get("Date")
+        if date and code in ("token_expired", "token_not_yet_valid"):
+            detail = f"{_PROBLEMS[code]} (the worker's clock reads {date})"
+        return cls(status, code, detail)
 
 
 class Credentials:

@@ -43,6 +43,9 @@ def _add_serve(sub) -> None:
                    help="seconds without any answer to ICE consent checks before a peer is dropped "
                         "(RFC 7675; default: %(default)s)")
     p.add_argument("--connect-timeout", type=float, default=30.0, help="seconds a new peer may take to connect (default: %(default)s)")
+    p.add_argument("--ws-heartbeat", type=float, default=10.0,
+                   help="seconds between pings on /v1/tts/stream; a client that has not answered within half of "
+                        "it is dropped and its session freed (0: none; default: %(default)s)")
     p.add_argument("--livekit-url", metavar="WS_URL", help="add the page's \"via LiveKit room\" lane through this LiveKit "
                                                            "server (LIVEKIT_API_KEY and LIVEKIT_API_SECRET from the environment)")
     add_engine_arguments(p, engines=SERVE_ENGINES)
@@ -85,6 +88,7 @@ def _serve(args: argparse.Namespace) -> int:
         enable_loopback_candidates()
     set_peer_timeout(args.peer_timeout)
     worker = Worker(engines=engines, ice_servers=args.ice_server, connect_timeout=args.connect_timeout,
+                    ws_heartbeat=args.ws_heartbeat,
                     max_hold_ms=args.max_hold_ms, limits=limits_from_args(args),
                     auth=Authenticator(*keys) if all(keys) else None, measure_capacity=args.max_sessions is None)
     app = create_app(worker)

@@ -8,8 +8,11 @@ A worker on the internet must bound what one client can take. Three kinds of lim
   429 ``too_many_sessions``. Both carry ``Retry-After``.
 - **Rates.** Offers (``POST /api/offer``, WebSocket connections) per client and messages per
   session, each a token bucket (:class:`TokenBucket`): ``burst`` at once, then ``rate`` per
-  second. An offer over the rate gets 429 ``rate_limited`` with ``Retry-After``; a message over
-  the rate gets an ``error`` event ``rate_limited`` and is dropped.
+  second. An offer over the rate gets 429 ``rate_limited`` with ``Retry-After``. Messages are
+  never dropped from a turn already accepted (its text is bounded by ``max_turn_chars``, an
+  empty chunk counting as one character): over the rate the WebSocket holds back the next turn
+  (back-pressure), the data channel and room packets refuse a turn that would begin, whole
+  (``error`` ``rate_limited`` with its ``turn_id``; :class:`MessageRate`).
 - **Turns.** Characters per turn (``turn_too_long``), turns queued per session
   (``too_many_turns``) and how long a turn's input may go quiet (``turn_idle``), enforced by
   :class:`myna.session.Session`.
@@ -101,6 +104,16 @@ class TokenBucket:
             return 0.0
         return (1.0 - self._tokens) / self.rate
 
+    def reserve(self) -> float:
+        """Take one token even if none is left (the bucket goes into debt); returns seconds until
+        the debt is paid (0.0: a token was there). For a caller that waits that long."""
+        if not self.rate:
+            return 0.0
+        now = self._clock()
+        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate) - 1.0
+        self._at = now
+        return max(0.0, -self._tokens) / self.rate
+
     @property
     def full(self) -> bool:
         """True when the bucket has refilled completely (its state can be forgotten)."""
@@ -108,24 +121,47 @@ class TokenBucket:
 
 
 class MessageRate:
-    """The message rate cap of one session: a :class:`TokenBucket` that says when to report.
+    """The message rate cap of one session: a :class:`TokenBucket` that protects the worker
+    without losing words. Two ways to apply it, by what the door can do:
 
-    Over the rate, messages are dropped; the first drop after an accepted message is reported
-    (one ``error`` event), the rest silently, so a flood cannot draw a flood of errors.
+    - :meth:`pace` (a door that can stop reading: the WebSocket): back-pressure. A message
+      that begins a turn (or any other than the open turn's text and ``end_turn``) counts, and
+      over the rate the door waits before handling it and reading on (TCP pushes back on the
+      client); nothing is dropped. The open turn's text goes straight in, as with :meth:`allow`
+      (a pause of the reader mid-turn could cut a word at the quiet time).
+    - :meth:`allow` (a door that cannot: the data channel, room data packets): a message that
+      continues a turn the session has accepted (its text, its ``end_turn``) and ``interrupt``
+      are always taken; they count, so they slow the next turn's start. A message that would
+      begin a turn is refused over the rate, and the session refuses that whole turn
+      (:meth:`myna.session.Session.handle`): no turn is ever spoken with words missing. The
+      first refusal after an accepted message is reported (one ``error`` event), the rest
+      silently, so a flood cannot draw a flood of errors.
+
+    A turn's text is bounded anyway by ``max_turn_chars`` and the turns by ``max_queued_turns``.
     """
 
     def __init__(self, rate: float | None, burst: int, clock: Callable[[], float] = time.monotonic):
         self._bucket = TokenBucket(rate, burst, clock)
         self._reported = False
         self.message = f"too many messages; at most {rate or 0:g} per second (burst {burst}); this one was dropped"
+        self.turn_message = (f"too many messages; at most {rate or 0:g} per second (burst {burst}): this turn was "
+                             "refused whole; send it again, with a new turn_id, more slowly (coalesce tokens)")
 
-    def allow(self) -> tuple[bool, bool]:
-        """``(accept, report)`` for the next message."""
+    def allow(self, continues_turn: bool = False) -> tuple[bool, bool]:
+        """``(accept, report)`` for the next message; ``continues_turn``: it carries text or the
+        end of a turn already accepted, or is an ``interrupt`` (always accepted, and counted)."""
         if not self._bucket.take():
-            self._reported = False
+            if not continues_turn:
+                self._reported = False
+            return True, False
+        if continues_turn:
             return True, False
         report, self._reported = not self._reported, True
         return False, report
+
+    def pace(self) -> float:
+        """Count the next message; seconds to wait before handling it (0.0: at once)."""
+        return self._bucket.reserve()
 
 
 @dataclass

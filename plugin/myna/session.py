@@ -15,6 +15,9 @@ reports ``first_audio``, ``word`` and ``turn_done`` back through :meth:`Session.
 
 Rules every door gets:
 
+- Text enters a turn with its HTML character references decoded (``&quot;`` ``&#x27;`` ``&amp;``,
+  split across chunks or not: :class:`~myna.text.entities.EntityDecoder`), so no voice reads
+  ``quot`` or ``amp`` aloud.
 - Turns play in order: a chunk with a new ``turn_id`` ends the input of the same sender's
   previous turn (as ``end_turn`` would) and queues the new turn behind every turn already
   queued. A door with one client has one sender; a door with several (a LiveKit room) names
@@ -48,7 +51,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -57,10 +60,11 @@ from myna.audio.playout import MAX_HOLD_S
 from myna.audio.turns import Gaps, as_mono_float32
 from myna.engines import AudioChunk, Engine, EngineError, ErrorEvent, FallbackEvent, SynthesisStream
 from myna.events import Error, Event, Fallback, FirstAudio, Ready, TurnDone
-from myna.limits import Limits
+from myna.limits import Limits, MessageRate
 from myna.messages import (BadMessage, Cancel, Commit, EndTurn, Interrupt, Message, Pause, Resume, Text, parse_message,
                            quote_input)
 from myna.metrics import Metrics
+from myna.text.entities import EntityDecoder
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +140,7 @@ class _Turn:
     sender: Hashable = None  # who sends the turn's text (None: the door's one client)
     last_text_at: float = 0.0  # loop time of the latest text, for the idle bound
     idle_timer: asyncio.TimerHandle | None = None
+    entities: EntityDecoder = field(default_factory=EntityDecoder)  # HTML references, decoded split-safe
     prepared: bool = False  # opened by ``prepare``, not committed yet
     prepare_timer: asyncio.TimerHandle | None = None
 
@@ -176,6 +181,7 @@ class Session:
         self._turns: dict[str, _Turn] = {}
         self._open_turns: dict[Hashable, str] = {}  # sender → the turn whose input it is sending
         self._past_turns: deque[str] = deque(maxlen=REMEMBERED_TURNS)
+        self._refused: deque[str] = deque(maxlen=REMEMBERED_TURNS)  # turns refused whole for rate
         self._closed = False
         self._draining = False
         self._on_close: list[Callable[[], None]] = []
@@ -193,22 +199,50 @@ class Session:
         return Ready(engines=engines, engine=self.engine.name, sample_rate=sample_rate)
 
     # -- intake ---------------------------------------------------------------------------
-    def receive(self, raw: str | bytes) -> None:
-        """One client message as JSON text (:func:`myna.messages.parse_message`), then :meth:`handle`."""
+    def receive(self, raw: str | bytes, rate: MessageRate | None = None) -> None:
+        """One client message as JSON text (:func:`myna.messages.parse_message`), then :meth:`handle`
+        (a message that cannot be parsed counts against ``rate`` as one that begins nothing)."""
         try:
             message = parse_message(raw)
         except BadMessage as exc:
-            self._error(exc.code, exc.message, turn_id=exc.turn_id)
+            accept, report = rate.allow() if rate is not None else (True, False)
+            if accept:
+                self._error(exc.code, exc.message, turn_id=exc.turn_id)
+            elif report:
+                self._error("rate_limited", rate.message)
             return
-        self.handle(message)
+        self.handle(message, rate=rate)
 
-    def handle(self, message: Message, sender: Hashable = None) -> None:
+    def continues_turn(self, message: Message) -> bool:
+        """Whether ``message`` carries text or the end of a turn this session has accepted and
+        whose input is still open (or is turn control: ``interrupt``, ``cancel``, ``commit``,
+        ``pause``, ``resume``): such messages are never dropped for rate, nor held back."""
+        if isinstance(message, (Interrupt, Cancel, Commit, Pause, Resume)):
+            return True
+        turn = self._turns.get(getattr(message, "turn_id", None))
+        return turn is not None and not turn.input_ended and isinstance(message, (Text, EndTurn))
+
+    def handle(self, message: Message, sender: Hashable = None, rate: MessageRate | None = None) -> None:
         """Act on one client message; contract violations become ``error`` events.
 
         ``sender`` names who sent it, for a door that several clients share (a LiveKit room's
         participants): a new turn ends only the same sender's open turn (module docstring).
-        """
+        ``rate``: the door's message rate cap, for a door that cannot slow its reading
+        (:meth:`myna.limits.MessageRate.allow`): a message continuing an accepted turn always
+        passes; one that would begin a turn over the rate refuses that whole turn (``error``
+        ``rate_limited`` with its ``turn_id``, once per burst), and the turn's later chunks are
+        dropped with it, so no turn is spoken with words missing."""
         turn_id = getattr(message, "turn_id", None)
+        if turn_id is not None and turn_id in self._refused:
+            return  # a chunk of a turn refused whole (the client was told)
+        if rate is not None:
+            accept, report = rate.allow(self.continues_turn(message))
+            if not accept:
+                if turn_id is not None and turn_id not in self._turns:
+                    self._refused.append(turn_id)
+                if report:
+                    self._error("rate_limited", rate.turn_message if turn_id is not None else rate.message, turn_id)
+                return
         try:
             if isinstance(message, Text):
                 self._on_text(message.turn_id, message.text, sender, message.prepare)
@@ -238,13 +272,15 @@ class Session:
         turn = self._turns.get(turn_id) or self._begin_turn(turn_id, sender, prepare)
         if turn.input_ended:
             raise BadMessage("turn_ended", "this turn's input has ended; use a new turn_id")
-        turn.chars += len(text)
+        turn.chars += max(1, len(text))  # (an empty chunk counts as one: a turn's messages are bounded too)
         if self.limits.max_turn_chars is not None and turn.chars > self.limits.max_turn_chars:
             # Nothing past the cap is spoken: the turn keeps what came before and its input ends.
             self._end_input(turn)
             raise BadMessage("turn_too_long", f"a turn may carry at most {self.limits.max_turn_chars} characters; "
                                               "its input has ended")
-        turn.stream.push_text(text)
+        text = turn.entities.feed(text)
+        if text:
+            turn.stream.push_text(text)
         turn.last_text_at = asyncio.get_running_loop().time()
 
     def _on_end_turn(self, turn_id: str, sender: Hashable = None) -> None:
@@ -283,6 +319,9 @@ class Session:
     def _end_input(self, turn: _Turn) -> None:
         if not turn.input_ended:
             turn.input_ended = True
+            rest = turn.entities.flush()
+            if rest:
+                turn.stream.push_text(rest)
             turn.stream.end_input()
         if turn.idle_timer is not None:
             turn.idle_timer.cancel()

@@ -92,16 +92,20 @@ class Sessions:
         """Sessions with a turn open, synthesising or playing."""
         return sum(s.busy for s in self.all())
 
+    def start_drain(self) -> None:
+        """Refuse new sessions and turns from now on (idempotent; :meth:`drain` waits too)."""
+        self.draining = True
+        self.metrics.draining.set(1)
+        for session in self.all():
+            session.drain()
+
     async def drain(self, timeout: float) -> bool:
         """Stop taking sessions and turns; wait up to ``timeout`` s for speaking turns to finish.
 
         Returns:
             True when every turn finished in time (the caller closes the sessions afterwards).
         """
-        self.draining = True
-        self.metrics.draining.set(1)
-        for session in self.all():
-            session.drain()
+        self.start_drain()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while self.speaking() and loop.time() < deadline:

@@ -507,3 +507,72 @@ async def test_the_fallback_takes_a_sessions_turns_in_order_when_a_later_one_nee
     assert spoken(items_first) == WORDS and spoken(items_second) == ["seven", "eight"]
     assert [s.reason for s in switches(items_first)] == ["stall"]
     assert switches(items_second) == [FallbackEvent("primary", "backup", "open", 0)]
+
+
+# -- issue 24, case 4: "late" counts from what the primary could start on ------------------------
+class SentenceTone(ToneEngine):
+    """A tone engine that names Piper's sentence lane (as ``piper-sentence`` does)."""
+
+    strategy = "sentence"
+
+
+async def test_late_counts_from_the_first_unit_the_primarys_lane_can_start_on():
+    from myna.engines.fallback import unit_chunker
+    from myna.text import SentenceChunker
+
+    assert isinstance(unit_chunker(FaultyEngine(SentenceTone("p"), None)), SentenceChunker)  # through wrappers
+    assert unit_chunker(ToneEngine("p")) is None  # no lane named: it starts on words
+    timer = ManualTimer()
+    primary = FaultyEngine(SentenceTone("primary"), "hang", 0)
+    engine = FallbackEngine(primary, ToneEngine("backup", sample_rate=16_000), clock=timer.clock,
+                            call_later=timer.call_later, after_ms=500)
+    stream = engine.stream(group=object())
+    for word in "one two three four five six seven".split():  # a slow LLM: 7 words in 2.8 s, no sentence end
+        stream.push_text(word + " ")
+        timer.advance(0.4)
+        await settle()
+    assert stream._queue.empty()  # far past 500 ms after the first word, and no switch: nothing to start on
+    stream.push_text("eight.")
+    await settle()
+    timer.advance(0.49)
+    await settle()
+    assert stream._queue.empty()
+    timer.advance(0.02)  # 500 ms after the sentence ended: now the primary is late
+    stream.end_input()
+    items = await collect(stream)
+    assert [s.reason for s in switches(items)] == ["late"]
+
+
+async def test_a_slow_llm_does_not_trip_the_fallback_of_a_healthy_sentence_lane_primary():
+    """The report: text trickling into ``piper-sentence`` with ``--fallback``; every turn used to
+    switch ("late" from the first word) and the third opened the breaker."""
+    from myna.engines.piper import PiperEngine
+
+    base = PiperEngine(workers=1)
+    await base.start()
+    try:
+        sentence = base.variant("piper-sentence", "sentence")
+        warm = sentence.stream()
+        warm.push_text("Warming up.")
+        warm.end_input()
+        await collect(warm)
+        engine = FallbackEngine(sentence, ToneEngine("backup"), after_ms=1000)
+        for turn in range(3):
+            stream = engine.stream(group=object())
+            items = []
+
+            async def read():
+                async for item in stream:
+                    items.append(item)
+
+            reader = asyncio.ensure_future(read())
+            for word in "Your order ships on Friday.".split():
+                stream.push_text(word + " ")
+                await asyncio.sleep(0.3)  # 5 words over 1.5 s: the sentence ends after the 1 s deadline
+            stream.end_input()
+            await asyncio.wait_for(reader, 60)
+            assert not switches(items), (turn, switches(items))
+            assert spoken(items)[-1].rstrip(".") == "Friday"
+        assert engine.breaker.state == "closed"
+    finally:
+        await base.close()

@@ -58,3 +58,47 @@ async def test_a_cancelled_remote_turn_frees_its_connection_for_the_next(worker)
         assert len(backend._all) == 1  # one connection, reused
     finally:
         await backend.aclose()
+
+
+async def test_a_remote_turn_coalesces_tokens_and_the_worker_speaks_every_word(monkeypatch):
+    """An LLM writing 1,000 tokens in about a second: the remote turn sends what has accumulated,
+    at most one message per COALESCE_S (not a message per token), and every word is spoken."""
+    import re
+
+    from inprocess import ToneEngine
+    from myna.integrations import backend as backend_module
+    from myna.limits import Limits
+    from myna.server.app import Worker
+    from myna.bench.soak import serve_in_process
+
+    sent: list[dict] = []
+    real_send = backend_module._Connection.send
+
+    async def counting_send(self, message):
+        sent.append(message)
+        await real_send(self, message)
+
+    monkeypatch.setattr(backend_module._Connection, "send", counting_send)
+    text = " ".join(f"word{i}" for i in range(200)) + "."
+    tokens = [text[i:i + 1] for i in range(0, len(text))][:1000]
+    tokens.append(text[1000:])
+    w = Worker(engines={"tone": ToneEngine(word_ms=5.0)}, limits=Limits(max_sessions_per_client=None, offer_rate=None))
+    async with serve_in_process(w) as url:
+        backend = RemoteBackend(url, credentials=None)
+        await backend.start()
+        try:
+            turn = await backend.open_turn()
+            t0 = asyncio.get_running_loop().time()
+            for token in tokens:
+                await turn.push_text(token)
+                await asyncio.sleep(0.001)  # ~1,000 tokens a second
+            await turn.end_input()
+            words = [i.word async for i in turn if isinstance(i, Word)]
+            elapsed = asyncio.get_running_loop().time() - t0
+        finally:
+            await backend.aclose()
+    texts = [m for m in sent if m["type"] == "text"]
+    assert "".join(m["text"] for m in texts) == "".join(tokens)
+    assert len(texts) <= elapsed / backend_module.COALESCE_S + 2, (len(texts), elapsed)
+    assert [m["type"] for m in sent][-1] == "end_turn"
+    assert [w.rstrip(".") for w in words] == re.findall(r"word\d+", text)

@@ -248,3 +248,89 @@ async def test_a_reply_in_a_script_the_voice_cannot_read_is_reported_not_spoken(
     assert len([f for f in down if isinstance(f, TTSStartedFrame)]) == 1
     audio = [f for f in down if isinstance(f, TTSAudioRawFrame)]
     assert 0.5 < len(pcm_of(audio)) / RATE < 3  # "Hello, how are you?" only
+
+
+FAST_REPLY = ("Your order of three blue shirts ships on Friday from our warehouse in Leeds, and it should "
+              "arrive by Tuesday next week. ") * 11  # 242 words
+
+
+@pytest.mark.network
+async def test_a_fast_llm_reply_of_1200_tokens_loses_no_word_remotely(worker):
+    """Issue 24, case 1: the worker's message rate (200/s, burst 400) once dropped most of such a
+    reply; the plug-in now coalesces tokens, and the worker never cuts an accepted turn."""
+    size = len(FAST_REPLY) / 1200
+    tokens = [FAST_REPLY[round(i * size):round((i + 1) * size)] for i in range(1200)]
+    frames = [LLMFullResponseStartFrame(), *(LLMTextFrame(t) for t in tokens), LLMFullResponseEndFrame()]
+    down = await run(MynaTTSService(url=worker.url), frames)
+    words = [f.text.strip().lower().strip(".,") for f in down if isinstance(f, TTSTextFrame)]
+    assert words == words_of(FAST_REPLY)
+    pcm = pcm_of([f for f in down if isinstance(f, TTSAudioRawFrame)])
+    assert len(pcm) / RATE > 60  # ~80 s of speech
+
+
+class UpstreamErrors(FrameProcessor):
+    """Pipeline head: records the ErrorFrames pushed upstream, with their event-loop time."""
+
+    def __init__(self):
+        super().__init__(enable_direct_mode=True)
+        self.errors: list[tuple[float, object]] = []
+        self.got = asyncio.Event()
+
+    async def process_frame(self, frame, direction):
+        await super().process_frame(frame, direction)
+        from pipecat.frames.frames import ErrorFrame
+
+        if direction == FrameDirection.UPSTREAM and isinstance(frame, ErrorFrame):
+            self.errors.append((asyncio.get_running_loop().time(), frame))
+            self.got.set()
+        await self.push_frame(frame, direction)
+
+
+@pytest.mark.network
+async def test_a_frozen_worker_is_an_error_frame_within_the_heartbeat_and_the_next_reply_speaks(start_worker, monkeypatch):
+    """Issue 24, case 2: a worker frozen mid-turn (SIGSTOP) once hung the plug-in for good."""
+    import signal
+
+    from myna.integrations import backend as backend_module
+
+    monkeypatch.setattr(backend_module, "HEARTBEAT_S", 1.0)
+    server = start_worker("--peer-timeout", "3", "--max-sessions", "8", "--ws-heartbeat", "1")
+    head, recorder = UpstreamErrors(), Recorder()
+    worker = PipelineWorker(Pipeline([head, MynaTTSService(url=server.url), recorder]), cancel_on_idle_timeout=False,
+                            params=PipelineParams(audio_out_sample_rate=RATE))
+    running = asyncio.Event()
+    stopped_at: list[float] = []
+
+    @worker.event_handler("on_pipeline_started")
+    async def _started(worker, frame):
+        running.set()
+
+    async def drive():
+        await asyncio.wait_for(running.wait(), 15)
+        for frame in llm_reply(SLOW_START):
+            await worker.queue_frame(frame)
+        await asyncio.wait_for(recorder.audio.wait(), 30)
+        server.proc.send_signal(signal.SIGSTOP)
+        stopped_at.append(asyncio.get_running_loop().time())
+        await asyncio.wait_for(head.got.wait(), 10)
+        server.proc.send_signal(signal.SIGCONT)
+        recorder.audio.clear()
+        mark = len(recorder.frames)
+        for frame in llm_reply(SECOND):
+            await worker.queue_frame(frame)
+        while not any(isinstance(f, TTSStoppedFrame) for f in recorder.frames[mark:]):
+            await asyncio.sleep(0.05)
+        await worker.queue_frame(EndFrame())
+        return mark
+
+    runner = WorkerRunner()
+    await runner.add_workers(worker)
+    try:
+        _, mark = await asyncio.wait_for(asyncio.gather(runner.run(), drive()), 120)
+    finally:
+        server.proc.send_signal(signal.SIGCONT)
+        server.stop()
+    at, error = head.errors[0]
+    assert "heartbeat_timeout" in error.error and at - stopped_at[0] < 1.0 + 0.5 + 1.5
+    second = [f for f in recorder.frames[mark:] if isinstance(f, TTSAudioRawFrame)]
+    assert second and len(pcm_of(second)) / RATE > 0.5  # the next reply, on a new connection

@@ -226,10 +226,33 @@ async def test_data_packets_pass_each_senders_message_rate(room):
 
     router, delivered, _ = room
     router._message_rate = lambda: MessageRate(1.0, 2)
-    for _ in range(5):
-        router.packet("alice", json.dumps({"type": "interrupt"}))
-    router.packet("bob", json.dumps({"type": "interrupt"}))
-    assert [(who, e["code"]) for who, e in delivered if e["type"] == "error"] == [("alice", "rate_limited")]
+    for _ in range(5):  # messages that begin nothing (bad JSON) count, and draw one rate_limited
+        router.packet("alice", "not json")
+    router.packet("bob", "not json")
+    codes = [(who, e["code"]) for who, e in delivered if e["type"] == "error"]
+    assert [c for c in codes if c[1] == "rate_limited"] == [("alice", "rate_limited")]
+    assert len([c for c in codes if c[0] == "alice"]) == 3 and len([c for c in codes if c[0] == "bob"]) == 1
+
+
+async def test_over_the_rate_an_accepted_turn_keeps_every_chunk_and_a_new_turn_is_refused_whole(room):
+    from myna.limits import MessageRate
+
+    router, delivered, engine = room
+    router._message_rate = lambda: MessageRate(1.0, 2)
+    words = [f"w{i}" for i in range(30)]
+    for word in words:  # 30 chunks in an instant against a burst of 2: the turn was accepted, none is lost
+        router.packet("alice", json.dumps({"type": "text", "turn_id": "a", "text": word + " "}))
+    router.packet("alice", json.dumps({"type": "end_turn", "turn_id": "a"}))  # (never dropped: the turn stays open otherwise)
+    for word in ("never", "heard"):  # a new turn over the rate: refused whole, its later chunks with it
+        router.packet("alice", json.dumps({"type": "text", "turn_id": "b", "text": word + " "}))
+    router.packet("alice", json.dumps({"type": "end_turn", "turn_id": "b"}))
+    await settle()
+    router.packet("alice", json.dumps({"type": "interrupt"}))  # barge-in is never dropped either (no error)
+    said = [e["word"] for who, e in delivered if e["type"] == "word" and e["turn_id"] == "a"]
+    assert said == words
+    errors = [(e["code"], e.get("turn_id")) for who, e in delivered if e["type"] == "error"]
+    assert errors == [("rate_limited", "b")]
+    assert not [e for who, e in delivered if e.get("turn_id") == "b" and e["type"] != "error"]
 
 
 async def test_prepare_commit_and_pause_resume_through_the_room_keep_the_senders_ids():

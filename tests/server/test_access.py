@@ -67,13 +67,13 @@ async def test_tokens_over_http_missing_bad_expired_wrong_grant_and_good():
     w.auth = Authenticator(KEY, SECRET)
     good = mint_token(KEY, SECRET, "alice", HOUR)
     forged = mint_token(KEY, "another-secret-of-the-same-length-as-the-key!", "alice", HOUR)
-    expired = mint_token(KEY, SECRET, "alice", -datetime.timedelta(minutes=5))
+    expired = mint_token(KEY, SECRET, "alice", -datetime.timedelta(minutes=10))
     room_token = AccessToken(KEY, SECRET).with_identity("alice").with_grants(VideoGrants(room_join=True, room="r")).to_jwt()
     piper_only = mint_token(KEY, SECRET, "alice", HOUR, engines=["tone2"])
     body = {"sdp": "v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\n", "type": "offer", "request_data": {"engine": "tone"}}
     async with serve_in_process(w) as url, aiohttp.ClientSession() as http:
         cases = {None: (401, "token_required"), "not.a.jwt": (401, "bad_token"), forged: (401, "bad_token"),
-                 expired: (401, "bad_token"), room_token: (403, "forbidden"), piper_only: (403, "forbidden")}
+                 expired: (401, "token_expired"), room_token: (403, "forbidden"), piper_only: (403, "forbidden")}
         for token, (status, code) in cases.items():
             got_status, got, _ = await post_offer(http, url, body, token)
             assert (got_status, got["error"]["code"]) == (status, code), (token, got)
@@ -90,7 +90,7 @@ async def test_tokens_over_the_websocket_header_and_query():
     w = worker()
     w.auth = Authenticator(KEY, SECRET)
     good = mint_token(KEY, SECRET, "bob", HOUR)
-    expired = mint_token(KEY, SECRET, "bob", -datetime.timedelta(minutes=5))
+    expired = mint_token(KEY, SECRET, "bob", -datetime.timedelta(minutes=10))
     tone2_only = mint_token(KEY, SECRET, "bob", HOUR, engines=["tone2"])
     forged = mint_token(KEY, "another-secret-of-the-same-length-as-the-key!", "bob", HOUR)
     room_token = AccessToken(KEY, SECRET).with_identity("bob").with_grants(VideoGrants(room_join=True, room="r")).to_jwt()
@@ -195,29 +195,22 @@ async def test_turn_text_cap_speaks_nothing_past_it_and_the_session_lives():
 
 @pytest.mark.network
 async def test_queued_turn_cap_and_message_rate_cap():
-    w = worker(max_queued_turns=2, message_rate=0.5, message_burst=6)
+    w = worker(max_queued_turns=2, message_rate=20.0, message_burst=6)
     async with serve_in_process(w) as url, aiohttp.ClientSession() as http, http.ws_connect(ws_url(url)) as ws:
         await ws.receive_json()
+        t0 = asyncio.get_running_loop().time()
         for turn_id in "abc":  # three turns, none ended: the third is one too many
             await ws.send_json({"type": "text", "turn_id": turn_id, "text": "word "})
-        for _ in range(10):  # 3 + 10 messages against a burst of 6
-            await ws.send_json({"type": "interrupt"})
-        codes = [e.get("code") for e in await events_until(ws, "error") if e["type"] == "error"]
-        assert codes == ["too_many_turns"]
-        rest = await events_until(ws, "error")
-        assert [e.get("code") for e in rest if e["type"] == "error"] == ["rate_limited"]
-        await asyncio.sleep(0.3)
-        leftovers = []
-        while True:  # exactly one rate_limited error for the whole flood
-            try:
-                msg = await ws.receive(timeout=0.5)
-            except asyncio.TimeoutError:
-                break
-            leftovers.append(json.loads(msg.data))
-        assert not [e for e in leftovers if e.get("code") == "rate_limited"]
+        for _ in range(10):  # 3 + 10 messages against a burst of 6: read more slowly, none dropped
+            await ws.send_json({"type": "bad"})
+        codes = []
+        while len(codes) < 11:
+            codes += [e.get("code") for e in await events_until(ws, "error") if e["type"] == "error"]
+        assert codes == ["too_many_turns"] + ["unknown_type"] * 10
+        assert asyncio.get_running_loop().time() - t0 >= (13 - 6) / 20 - 0.05
         metrics = await (await http.get(f"{url}/metrics")).text()
         assert 'myna_limit{name="max_queued_turns"} 2.0' in metrics
-        assert 'myna_errors_total{code="rate_limited"} 1.0' in metrics
+        assert 'myna_errors_total{code="rate_limited"}' not in metrics
 
 
 # -- outgoing size ---------------------------------------------------------------------------

@@ -160,3 +160,21 @@ async def test_data_channel_sentence_without_end_turn_and_an_unsupported_script(
         assert events[1]["code"] == "unsupported_language" and "Cyrillic" in events[1]["message"]
         after = await client.speak("Still here.", tokens_per_s=None)
         assert "first_audio" in after.event_types()
+
+
+ESCAPED = "&quot;That&#x27;s cool,&quot; Tom &amp; Jerry."
+
+
+@pytest.mark.parametrize("chunks", [[ESCAPED], [ESCAPED[:3], ESCAPED[3:12], ESCAPED[12:33], ESCAPED[33:]], list(ESCAPED)],
+                         ids=["whole", "cut-inside-references", "char-by-char"])
+async def test_ws_html_references_are_decoded_before_the_voice(worker, chunks):
+    async with aiohttp.ClientSession() as http:
+        ws = await connect(http, worker)
+        for chunk in chunks:
+            await ws.send_json({"type": "text", "turn_id": "e", "text": chunk})
+        await ws.send_json({"type": "end_turn", "turn_id": "e"})
+        got = await until(ws, done("e"))
+        words = words_of(got)
+        assert words[:2] == ["That's", "cool"] and "Tom" in words and "Jerry" in words, words
+        assert not {"quot", "amp", "x27", "39", "#x27"} & {w.lower() for w in words}, words
+        await ws.close()

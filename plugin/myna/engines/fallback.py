@@ -7,8 +7,12 @@ when the primary
 
 - fails (:class:`~myna.engines.base.EngineError` or any exception from its stream, or an
   ``unit_failed`` error event: a unit it could not speak): reason ``error``;
-- has no first audio ``after_ms`` after the turn's first word (counted from when the
-  session's previous turn finished synthesis): reason ``late``;
+- has no first audio ``after_ms`` after the turn first had something the primary could start
+  on (counted from when the session's previous turn finished synthesis): reason ``late``. What
+  it can start on follows its lane: a frame-level engine (DSM) starts on the first word; Piper's
+  lanes on their first unit (``piper``: the first phrase, ``piper-sentence``: the first
+  sentence end, ``piper-whole``: ``end_turn``), tracked here with a chunker like the primary's
+  (:func:`unit_chunker`), so text that trickles in from a slow LLM is not the engine's fault;
 - stalls: words are waiting (or the input has ended and the turn has not) and no audio has
   come for ``stall_ms`` past the moment the audio already sent has played out (and past the
   last text, so a slow LLM is no stall): reason ``stall``.
@@ -191,6 +195,8 @@ class FallbackStream(SynthesisStream):
         self._progress_at: float | None = None  # the last item from the active engine
         self._last_text_at: float | None = None
         self._words_at: float | None = None  # the turn's first word
+        self._units = unit_chunker(engine.primary)  # cuts words as the primary does (None: it starts on words)
+        self._startable_at: float | None = None  # when the primary first had a unit it could start on
         self._resampler = None  # fallback rate → primary rate
         self._watchdog = None
         self._switched = False
@@ -239,10 +245,42 @@ class FallbackStream(SynthesisStream):
                     self._words_at = self._words_at if self._words_at is not None else self._now()
         self._rearm()
 
+    # The primary's lane, followed until its first unit (then ``_units`` has done its job).
     def _on_words(self, words: list[str]) -> None:  # (words are tracked in _take)
-        pass
+        if self._units is None:
+            self._startable(words)
+        elif self._startable_at is None:
+            now = self._now()
+            for word in words:
+                if self._startable(self._units.push(word, now)):
+                    return
+            self._startable(self._units.poll(now))
+
+    def _on_pause(self, ms: float) -> None:
+        if self._units is not None and self._startable_at is None:
+            self._startable(self._units.pause(ms))
+
+    def _on_quiet(self) -> None:
+        if self._units is not None and self._startable_at is None:
+            self._startable(self._units.settle())
+
+    def _next_deadline(self) -> float | None:
+        return self._units.deadline if self._units is not None and self._startable_at is None else None
+
+    def _on_deadline(self, now: float) -> None:
+        if self._units is not None and self._startable_at is None:
+            self._startable(self._units.poll(now))
+
+    def _startable(self, units) -> bool:
+        """``units`` came out of the primary's lane: from the first of them, it can start."""
+        if self._startable_at is None and any(isinstance(u, str) for u in units):
+            self._startable_at = self._now()
+            self._rearm()
+        return self._startable_at is not None
 
     def _on_end_input(self) -> None:
+        if self._units is not None and self._startable_at is None:
+            self._startable(self._units.flush())
         if self._active is not None:
             self._active.end_input()
 
@@ -406,9 +444,9 @@ class FallbackStream(SynthesisStream):
         if self._switched or self.cancelled:
             return None
         if self._first_audio_at is None:
-            if self._words_at is None or self._ready_at is None:
-                return None  # nothing to say yet, or the session's previous turn is still synthesising
-            return max(self._words_at, self._ready_at) + self._engine.after_s
+            if self._startable_at is None or self._ready_at is None:
+                return None  # nothing it can start on yet, or the session's previous turn is still synthesising
+            return max(self._startable_at, self._ready_at) + self._engine.after_s
         if self._words <= self._heard and not self._input_ended:
             return None  # every word so far is out: waiting for text is no stall (after end_turn it is)
         played_out = self._first_audio_at + self._out_ms / 1000.0  # the earliest the listener runs dry
@@ -441,4 +479,23 @@ class FallbackStream(SynthesisStream):
             self._rearm()
 
 
-__all__ = ["AFTER_MS", "STALL_MS", "CircuitBreaker", "FallbackEngine", "FallbackStream"]
+def unit_chunker(engine: Engine):
+    """A fresh chunker that cuts a turn's words into units as ``engine``'s streams do
+    (:mod:`myna.text.segment`), to tell when a turn first has a unit it can start on; None for
+    an engine that starts on words (a frame-level engine, or one that names no lane).
+
+    The lane is the engine's ``strategy`` (Piper's engines and variants name theirs: a key of
+    :data:`myna.engines.piper.STRATEGIES`), looked for through wrappers.
+    """
+    while not hasattr(engine, "strategy") and isinstance(engine, EngineWrapper):
+        engine = engine.inner
+    strategy = getattr(engine, "strategy", None)
+    if not isinstance(strategy, str):
+        return None
+    from myna.engines.piper import STRATEGIES
+
+    factory = STRATEGIES.get(strategy)
+    return factory[0]() if factory is not None else None
+
+
+__all__ = ["AFTER_MS", "STALL_MS", "CircuitBreaker", "FallbackEngine", "FallbackStream", "unit_chunker"]

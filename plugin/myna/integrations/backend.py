@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from myna.access import AccessRefused, Credentials
+from myna.access import ERROR_HEADER, AccessRefused, Credentials
 from myna.audio.unpaced import UnpacedOutput
 from myna.engines import Engine
 from myna.engines.base import NON_FATAL_CODES
@@ -54,6 +54,21 @@ log = logging.getLogger(__name__)
 
 #: Seconds allowed to open a WebSocket and get its ``ready`` answers.
 CONNECT_TIMEOUT = 10.0
+#: How long a remote turn holds the text an LLM writes after a message went out, to send it as
+#: one message (s): the first chunk goes at once, then at most one message per 20 ms (50 a
+#: second, well under a worker's message rate) however fast the tokens come, and no
+#: word waits more than 20 ms. ``end_input`` sends what is held at once.
+COALESCE_S = 0.02
+#: Seconds between a remote backend's pings on each connection; a worker that has not answered
+#: within half of it is taken for dead (the worker pings its clients on the same schedule).
+HEARTBEAT_S = 10.0
+#: Error codes after which trying again (a new connection, behind a load balancer another
+#: worker) may succeed: the plug-ins report them as retryable.
+RETRYABLE_CODES = frozenset({"connection_failed", "connection_lost", "draining", "full", "not_ready", "unavailable",
+                             "rate_limited", "heartbeat_timeout"})
+#: Most characters of text in one message (the contract's messages are at most 16 KiB of JSON;
+#: a character escaped as a surrogate pair takes 12 bytes).
+MAX_MESSAGE_CHARS = 1000
 
 
 @dataclass(frozen=True)
@@ -369,6 +384,11 @@ class RemoteBackend(Backend):
         voice: voice name (None: the engine's default).
         sample_rate: rate the worker resamples to (Hz).
         session: an ``aiohttp.ClientSession`` to use (None: the backend owns one).
+        heartbeat: seconds between this side's pings on each connection (None:
+            :data:`HEARTBEAT_S`); a worker that has not answered one within half of it (frozen,
+            or gone without a close) fails the turn in progress with the retryable
+            ``heartbeat_timeout`` (a turn not yet begun moves to a new connection), and the
+            connection is not reused.
         credentials: the access token sent on each connection (None: from the environment,
             see :class:`myna.access.Credentials`). A refused token fails :meth:`start` and
             :meth:`open_turn` with :class:`MynaError` ``token_required``, ``bad_token`` or
@@ -377,7 +397,7 @@ class RemoteBackend(Backend):
 
     def __init__(self, url: str, *, engine_name: str | None = None, voice: str | None = None,
                  sample_rate: int = 24_000, session: aiohttp.ClientSession | None = None,
-                 credentials: Credentials | None = None):
+                 credentials: Credentials | None = None, heartbeat: float | None = None):
         url = url.rstrip("/")
         if url.startswith("http"):
             url = "ws" + url[len("http"):]
@@ -387,6 +407,7 @@ class RemoteBackend(Backend):
         self.engine_name = engine_name
         self.voice = voice
         self.sample_rate = sample_rate
+        self.heartbeat = HEARTBEAT_S if heartbeat is None else heartbeat
         self._credentials = credentials or Credentials()
         self._session = session
         self._owns_session = session is None
@@ -407,14 +428,20 @@ class RemoteBackend(Backend):
             config["voice"] = self.voice
         headers = self._credentials.headers()
         try:
-            ws = await asyncio.wait_for(self._session.ws_connect(self.url, headers=headers, max_msg_size=0),
+            ws = await asyncio.wait_for(self._session.ws_connect(self.url, headers=headers, max_msg_size=0,
+                                                                 heartbeat=self.heartbeat or None),
                                         CONNECT_TIMEOUT)
             conn = _Connection(self, ws)
             await asyncio.wait_for(conn.handshake(config), CONNECT_TIMEOUT)
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
-            if isinstance(exc, aiohttp.WSServerHandshakeError) and exc.status in (401, 403):
-                refused = AccessRefused.from_status(exc.status, token_sent=bool(headers))
+            if isinstance(exc, aiohttp.WSServerHandshakeError) and exc.status in (401, 403, 431):
+                refused = AccessRefused.from_status(exc.status, token_sent=bool(headers), headers=exc.headers)
                 raise MynaError(refused.code, refused.message) from None
+            if isinstance(exc, aiohttp.WSServerHandshakeError) and exc.status == 503:
+                code = (exc.headers or {}).get(ERROR_HEADER) or "unavailable"
+                raise MynaError(code if code in RETRYABLE_CODES else "unavailable",
+                                f"{self.url} cannot take a session now ({code}); retry, or connect to another "
+                                "worker") from None
             raise MynaError("connection_failed", f"cannot reach {self.url}: {str(exc) or type(exc).__name__}") from None
         self._all.add(conn)
         self.scripts = frozenset(conn.ready.get("scripts") or LATIN)
@@ -450,10 +477,12 @@ class _Connection:
         self._turn: _RemoteTurn | None = None
         self._reader: asyncio.Task | None = None
         self.ready: dict | None = None
+        self.retired = False  # a turn left it (the worker drains): never pooled again
 
     @property
     def usable(self) -> bool:
-        return not self._ws.closed and self._turn is None and self._reader is not None and not self._reader.done()
+        return (not self.retired and not self._ws.closed and self._turn is None and self._reader is not None
+                and not self._reader.done())
 
     async def handshake(self, config: dict) -> None:
         """Read the greeting ``ready``, send ``config``, read its answer."""
@@ -507,7 +536,11 @@ class _Connection:
                     break
         finally:
             if self._turn is not None:
-                self._turn._fail(MynaError("connection_lost", "the worker closed the connection"))
+                if isinstance(self._ws.exception(), asyncio.TimeoutError):  # no pong: frozen or gone
+                    self._turn._fail(MynaError("heartbeat_timeout", f"the worker stopped answering pings "
+                                                                    f"({self._backend.heartbeat / 2:g} s without a pong)"))
+                else:
+                    self._turn._fail(MynaError("connection_lost", "the worker closed the connection"))
 
     async def close(self) -> None:
         await self._ws.close()
@@ -517,23 +550,127 @@ class _Connection:
 
 
 class _RemoteTurn(_EventTurn):
+    """A turn on a worker connection. A turn the worker refuses before it began because it is
+    draining (``error`` ``draining``), or whose connection was lost before it began (a pooled
+    connection the draining worker closed with 1001), moves once to a new connection to the same
+    URL (behind a load balancer, another worker) and is sent again from its first chunk: nothing
+    of it was spoken, so nothing is heard twice."""
+
     def __init__(self, conn: _Connection):
         super().__init__()
         self._conn = conn
+        self._replay: list[dict] = []  # every message sent before turn_started, for a move
+        self._moved = False
+        self._moving: asyncio.Task | None = None
+
+        self._pending = ""  # text pushed, not yet sent
+        self._sender: asyncio.Task | None = None
+        self._ending = asyncio.Event()  # end_input: send what is pending now
+        self._send_error: MynaError | None = None
 
     async def push_text(self, text: str) -> None:
+        """Queue ``text``; it goes out coalesced (see :data:`COALESCE_S`): the first chunk at
+        once, what the LLM writes meanwhile as one message a little later."""
         if self._takes_text() and text:
             self._sent_any = True
-            await self._conn.send({"type": "text", "turn_id": self.turn_id, "text": text})
+            if self._send_error is not None:
+                raise self._send_error
+            self._pending += text
+            if self._sender is None or self._sender.done():
+                self._sender = asyncio.get_running_loop().create_task(self._send_pending())
+
+    async def _send_pending(self) -> None:
+        try:
+            while True:
+                while self._pending:
+                    text, self._pending = self._pending[:MAX_MESSAGE_CHARS], self._pending[MAX_MESSAGE_CHARS:]
+                    await self._send({"type": "text", "turn_id": self.turn_id, "text": text})
+                if self._ending.is_set():
+                    return
+                try:  # hold what comes next for a moment, to send it as one message
+                    await asyncio.wait_for(self._ending.wait(), COALESCE_S)
+                except asyncio.TimeoutError:
+                    pass
+                if not self._pending:
+                    return
+        except MynaError as exc:
+            self._send_error = exc
 
     async def end_input(self) -> None:
         if self._ended or self._cancelled or self._done:
             return
         self._ended = True
         self._sent_any = True
-        await self._conn.send({"type": "end_turn", "turn_id": self.turn_id})
+        self._ending.set()
+        if self._sender is not None:
+            await self._sender
+        if self._pending and self._send_error is None:  # (pushed while no sender ran)
+            await self._send_pending()
+        if self._send_error is not None:
+            raise self._send_error
+        await self._send({"type": "end_turn", "turn_id": self.turn_id})
+
+    async def _send(self, message: dict) -> None:
+        """Send on the turn's connection (after a move in progress); remembered for a move until
+        the turn has started."""
+        if self._moving is not None:
+            await asyncio.shield(self._moving)
+        if self._send_error is not None:
+            raise self._send_error
+        if not self._started:
+            self._replay.append(message)
+        try:
+            await self._conn.send(message)
+        except MynaError as exc:
+            if exc.code != "connection_lost" or not self._may_move():
+                raise
+            self._move()  # (the message is in the replay)
+
+    def _may_move(self) -> bool:
+        return not (self._moved or self._started or self._cancelled or self._done)
+
+    def _event(self, event: Event) -> None:
+        if (isinstance(event, Error) and event.code == "draining" and event.turn_id == self.turn_id
+                and self._may_move()):
+            self._move()
+            return
+        super()._event(event)
+        if self._started:
+            self._replay = []
+
+    def _fail(self, error: MynaError) -> None:
+        if error.code in ("connection_lost", "heartbeat_timeout") and self._may_move():
+            self._move()
+            return
+        super()._fail(error)
+
+    def _move(self) -> None:
+        """Leave this connection (it is not pooled again) for a new one, once."""
+        self._moved = True
+        old, old._turn = self._conn, None
+        old.retired = True
+        self._moving = asyncio.get_running_loop().create_task(self._reconnect(old))
+
+    async def _reconnect(self, old: _Connection) -> None:
+        log.info("turn %s: the worker is draining (or the connection was lost) before it began; reconnecting",
+                 self.turn_id)
+        await old.close()
+        try:
+            conn = await self._conn._backend._connect()
+            conn._turn, self._conn = self, conn
+            for message in self._replay:
+                await conn.send(message)
+        except MynaError as exc:
+            self._send_error = exc
+            super()._fail(exc)
+        finally:
+            self._moving = None
 
     async def _interrupt(self) -> None:
+        self._pending = ""
+        if self._sender is not None:
+            self._sender.cancel()
+            await asyncio.gather(self._sender, return_exceptions=True)
         try:
             await self._conn.send({"type": "interrupt"})
         except MynaError:

@@ -50,7 +50,7 @@ from livekit.agents.utils import shortuuid
 
 from myna.access import ACCESS_STATUS, Credentials
 from myna.engines import Engine
-from myna.integrations.backend import Audio, MynaError, Notice, Turn, create_backend
+from myna.integrations.backend import RETRYABLE_CODES, Audio, MynaError, Notice, Turn, create_backend
 
 __all__ = ["TTS", "SynthesizeStream"]
 
@@ -124,7 +124,7 @@ class TTS(tts.TTS):
             await asyncio.shield(self._ensure_started_task())
             return await self._backend.open_turn()
         except MynaError as exc:
-            self._started = None if exc.code == "connection_failed" else self._started
+            self._started = None if exc.code in RETRYABLE_CODES else self._started
             raise _api_error(exc) from None
 
     def synthesize(self, text: str, *, conn_options: APIConnectOptions = DEFAULT_API_CONNECT_OPTIONS) -> tts.ChunkedStream:
@@ -210,7 +210,7 @@ async def _emit(turn: Turn, emitter: tts.AudioEmitter) -> int:
 
 
 def _api_error(exc: MynaError) -> APIError:
-    if exc.code in ("connection_failed", "connection_lost"):
+    if exc.code in RETRYABLE_CODES:  # (a worker that drains, is full, or stopped answering: try again)
         return APIConnectionError(str(exc))
     if exc.code in ACCESS_STATUS:
         return APIStatusError(str(exc), status_code=ACCESS_STATUS[exc.code], retryable=False,

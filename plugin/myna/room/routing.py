@@ -90,22 +90,24 @@ class Router:
     def packet(self, identity: str, raw: bytes | str) -> None:
         """A data packet on topic ``myna``: one contract message (DESIGN.md §3), within the
         sender's message rate."""
+        rate = None
         if self._message_rate is not None:
             rate = self._rates.get(identity) or self._rates.setdefault(identity, self._message_rate())
-            allowed, report = rate.allow()
-            if not allowed:
-                if report:
-                    self._refuse(identity, "rate_limited", rate.message)
-                return
         try:
             message = parse_message(raw)
         except BadMessage as exc:
-            self._refuse(identity, exc.code, exc.message, exc.turn_id)
+            accept, report = rate.allow() if rate is not None else (True, False)
+            if accept:
+                self._refuse(identity, exc.code, exc.message, exc.turn_id)
+            elif report:
+                self._refuse(identity, "rate_limited", rate.message)
             return
-        self.message(identity, message)
+        self.message(identity, message, rate)
 
-    def message(self, identity: str, message: Message) -> None:
-        """A contract message from ``identity`` (a packet, or a piece of a text stream)."""
+    def message(self, identity: str, message: Message, rate: MessageRate | None = None) -> None:
+        """A contract message from ``identity`` (a packet, or a piece of a text stream), under
+        the sender's message ``rate`` (:meth:`myna.session.Session.handle`: a turn already
+        accepted is never cut)."""
         turn_id = getattr(message, "turn_id", None)
         if not self.allowed(identity):
             log.warning("ignored a message from %r: not allowed to speak through Myna", identity)
@@ -115,7 +117,7 @@ class Router:
             message = replace(message, turn_id=self._session_id(identity, turn_id))
         self._sender = identity
         try:
-            self.session.handle(message, identity)
+            self.session.handle(message, identity, rate)
         finally:
             self._sender = None
 

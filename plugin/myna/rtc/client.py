@@ -28,7 +28,7 @@ from urllib.parse import urlparse
 
 import aiohttp
 import numpy as np
-from aiortc import RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCPeerConnection, RTCRtpReceiver, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 
 from myna.access import AccessRefused, Credentials
@@ -149,12 +149,16 @@ class MynaClient:
         token: access token for a worker that has keys (sent as ``Authorization: Bearer``);
             None: ``MYNA_TOKEN``, else one minted from ``MYNA_API_KEY``/``MYNA_API_SECRET``
             (:class:`myna.access.Credentials`), else none.
+        codecs: the audio codecs to offer, as MIME types in order of preference (e.g.
+            ``["audio/PCMU"]``, as a SIP gateway would); None: aiortc's (Opus first). The
+            recorded frames are at the negotiated codec's rate (8 kHz for G.711).
     """
 
     url: str
     engine: str | None = None
     voice: str | None = None
     token: str | None = None
+    codecs: list[str] | None = None
     pc: RTCPeerConnection = field(init=False)
     events: asyncio.Queue = field(init=False)
     ready: dict | None = field(init=False, default=None)
@@ -180,11 +184,20 @@ class MynaClient:
         """
         if is_loopback_host(urlparse(self.url).hostname or ""):
             enable_loopback_candidates()  # a worker on loopback is only reachable there
+        wanted = None
+        if self.codecs is not None:
+            available = RTCRtpReceiver.getCapabilities("audio").codecs
+            wanted = [c for mime in self.codecs for c in available if c.mimeType.lower() == mime.lower()]
+            if not wanted:
+                raise ValueError(f"none of {self.codecs} is an audio codec aiortc has")
         self.events = asyncio.Queue()
         self.pc = RTCPeerConnection(rtc_configuration())
         self.channel = self.pc.createDataChannel("myna")
         self.channel.on("message", self._on_message)
-        self._watch_arrivals(self.pc.addTransceiver("audio", direction="recvonly").receiver)
+        transceiver = self.pc.addTransceiver("audio", direction="recvonly")
+        if wanted is not None:
+            transceiver.setCodecPreferences(wanted)
+        self._watch_arrivals(transceiver.receiver)
         self._recorder: asyncio.Task | None = None
 
         @self.pc.on("track")
@@ -208,11 +221,19 @@ class MynaClient:
         headers = Credentials(self.token).headers()
         async with aiohttp.ClientSession() as http:
             async with http.post(f"{self.url}/api/offer", json=body, headers=headers) as resp:
-                answer = await resp.json()
-                if resp.status in (401, 403):
-                    error = answer.get("error", {})
+                raw = await resp.read()
+                try:
+                    answer = json.loads(raw)
+                except ValueError:  # not the contract's JSON (a proxy, another server): say what came
+                    text = raw.decode("utf-8", "replace").strip().splitlines()
+                    raise RuntimeError(f"offer refused ({resp.status} {resp.reason}): "
+                                       f"{text[0][:200] if text else 'no body'}") from None
+                error = answer.get("error") if isinstance(answer, dict) else None
+                if resp.status in (401, 403, 431) and isinstance(error, dict):
                     raise AccessRefused(resp.status, error.get("code", ""), error.get("message", ""))
                 if resp.status != 200:
+                    if isinstance(error, dict):
+                        raise RuntimeError(f"offer refused ({resp.status} {error.get('code')}): {error.get('message')}")
                     raise RuntimeError(f"offer refused ({resp.status}): {answer}")
                 return answer
 

@@ -22,7 +22,9 @@ Two output modes:
   instead of ~440 µs, a speaking one ~25 % less, at a third of the bit rate. The RTP
   audio-level header extension (RFC 6464) is not sent in this mode.
 - ``opus=None``: ``recv()`` returns ``av.AudioFrame`` objects and aiortc encodes them (48 kHz
-  stereo, 96 kbit/s, audio level computed per frame in Python; ecosystem.md §3.2).
+  stereo, 96 kbit/s, audio level computed per frame in Python; ecosystem.md §3.2). Also what
+  a connection that negotiated another codec than Opus gets (:meth:`PacedAudioTrack.use_codec`:
+  aiortc's G.711 encoder for PCMU/PCMA).
 """
 
 from __future__ import annotations
@@ -109,6 +111,14 @@ class PacedAudioTrack(MediaStreamTrack):
         self._errors = 0
         self._on_error = on_error
         self.on_frame = on_frame
+
+    def use_codec(self, mime_type: str) -> None:
+        """Send what the connection negotiated (``mime_type``, e.g. ``"audio/opus"``,
+        ``"audio/PCMU"``): Opus packets are made here; for any other codec the track returns
+        frames and aiortc's encoder for that codec encodes them (G.711 at 8 kHz), never Opus
+        packets under another codec's payload type."""
+        if mime_type.lower() != "audio/opus":
+            self._encoder = None
 
     @property
     def deadline(self) -> float:

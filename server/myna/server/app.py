@@ -18,12 +18,14 @@ Routes:
 With keys configured, offers and the WebSocket need an access token (:mod:`myna.server.auth`);
 every session is opened through the worker's :class:`~myna.sessions.Sessions` (limits,
 admission, drain). Every error is JSON ``{"error": {"code", "message"}}`` with a 4xx status
-(503 when full, draining or starting; 429 and 503 refusals carry ``Retry-After``); an
+(503 when full, draining or starting; 429 and 503 refusals carry ``Retry-After``), its code
+also in the ``Myna-Error`` header (a refused WebSocket handshake shows no body); an
 unexpected exception is logged and answered with a bare 500 of the same shape, never a traceback.
 
 Graceful drain (:meth:`Worker.drain`): readiness turns 503 ``draining``, new offers and
 WebSocket connections get 503, sessions refuse new turns (``error`` ``draining``) and the turns
-already speaking finish, up to a timeout; then the app's cleanup closes everything.
+already speaking finish, up to a timeout; idle WebSocket connections are closed at once with
+1001, busy ones once their turns are done; then the app's cleanup closes everything.
 """
 
 from __future__ import annotations
@@ -53,6 +55,12 @@ from myna.sessions import Sessions
 log = logging.getLogger(__name__)
 
 WORKER_KEY = web.AppKey("worker", "Worker")
+#: Longest request line and header field the HTTP parser takes (bytes): room for a token of
+#: :data:`myna.server.auth.MAX_TOKEN_BYTES` in ``Authorization`` or ``?access_token=``, which is
+#: refused in the contract's JSON (431) when larger. Past this the parser itself answers 400.
+MAX_HEADER_BYTES = 256 * 1024
+#: Response header naming the contract error code of every refusal (the body has it too).
+ERROR_HEADER = "Myna-Error"
 
 
 @dataclass
@@ -71,6 +79,9 @@ class Worker:
         measure_capacity: at start-up, set ``limits.max_sessions`` (when None) to the default
             engine's measured capacity (:func:`myna.limits.measure_capacity`), before the
             phrase cache is filled.
+        ws_heartbeat: seconds between the WebSocket door's pings (``myna serve --ws-heartbeat``);
+            a client that has not answered one within half of it is dropped and its session
+            freed (0: no pings).
     """
 
     engines: Engines | dict[str, Engine]
@@ -80,6 +91,7 @@ class Worker:
     limits: Limits = field(default_factory=Limits.off)
     auth: Authenticator | None = None
     measure_capacity: bool = False
+    ws_heartbeat: float = 10.0
     metrics: Metrics = field(default_factory=Metrics)
     streams: set = field(default_factory=set)  # open /v1/tts/stream connections
     ready: bool = False
@@ -170,10 +182,16 @@ class Worker:
 
     async def drain(self, timeout: float) -> bool:
         """Stop taking sessions and turns; wait up to ``timeout`` s for speaking turns to finish.
+        Idle WebSocket connections are closed at once (1001 "going away"), the others as soon
+        as their turns are done, so a pooling client reconnects (behind a load balancer, to
+        another worker) instead of finding out at its next turn.
 
         Returns:
             True when every turn finished in time (the caller closes the worker afterwards).
         """
+        self.sessions.start_drain()
+        for connection in list(self.streams):
+            connection.drain()
         return await self.sessions.drain(timeout)
 
     async def close(self) -> None:
@@ -188,7 +206,11 @@ _BREAKER_LEVELS = {"closed": 0, "half_open": 1, "open": 2}
 
 # -- HTTP layer --------------------------------------------------------------------------
 def _error_response(status: int, code: str, message: str, retry_after: int | None = None) -> web.Response:
-    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+    # The code rides in a header too: a WebSocket client sees a refused handshake's status and
+    # headers, never its body.
+    headers = {ERROR_HEADER: code}
+    if retry_after is not None:
+        headers["Retry-After"] = str(retry_after)
     return web.json_response({"error": {"code": code, "message": message}}, status=status, headers=headers)
 
 
@@ -287,7 +309,8 @@ class AccessLogger(AbstractAccessLogger):
 
 def create_app(worker: Worker) -> web.Application:
     """The aiohttp application for ``worker``; engines load in the background at start-up."""
-    app = web.Application(middlewares=[_json_errors], client_max_size=256 * 1024)
+    app = web.Application(middlewares=[_json_errors], client_max_size=256 * 1024,
+                          handler_args={"max_line_size": MAX_HEADER_BYTES, "max_field_size": MAX_HEADER_BYTES})
     app[WORKER_KEY] = worker
     app.router.add_post("/api/offer", _offer)
     app.router.add_patch("/api/offer", _patch_offer)

@@ -22,11 +22,18 @@ Follow one connection:
    turn gets ``turn_done`` with ``"interrupted": true``.
 
 Bad input (bad JSON, a text message over 16 KiB, binary input, an unknown engine or voice, a
-late ``config``, messages over the rate cap) gets an ``error`` event and the connection stays
-open. No outgoing message is over 16 KiB (PCM goes out in pieces of at most 16 KiB). Opening the connection passes the worker's token check
+late ``config``) gets an ``error`` event and the connection stays open. Messages over the rate
+cap are not dropped: a message that begins a turn (or configures, or is bad) waits until the
+rate allows it, so the connection reads more slowly and TCP pushes back on the client
+(:meth:`myna.limits.MessageRate.pace`); the text and ``end_turn`` of the turn in progress go
+straight in (its size is bounded by ``max_turn_chars``). No outgoing message is over 16 KiB (PCM goes out in pieces of at most 16 KiB). Opening the connection passes the worker's token check
 and session limits (``?access_token=`` is accepted as well as the header). Messages over
 :data:`MAX_FRAME_BYTES` close the connection (WebSocket close code 1009). A client that
-disconnects mid-turn has its turns cancelled and the engine streams released.
+disconnects mid-turn has its turns cancelled and the engine streams released. A client that
+stops answering pings (a frozen or vanished peer: :attr:`myna.server.app.Worker.ws_heartbeat`,
+10 s, and no pong within half of it) is dropped and its session and slot are freed. When the
+worker drains (SIGTERM), an idle connection is closed at once with 1001 "going away", a busy one once
+its turns are done: a client reconnects (behind a load balancer, to another worker).
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from dataclasses import dataclass
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
@@ -41,7 +49,7 @@ from myna.audio.encode import FORMATS, G711_RATE, EncodingSink
 from myna.audio.unpaced import UnpacedOutput
 from myna.engines import Engine
 from myna.errors import MynaError
-from myna.events import MAX_MESSAGE_BYTES, Error, Event, Ready, encode_event
+from myna.events import MAX_MESSAGE_BYTES, Error, Event, Ready, TurnDone, encode_event
 from myna.messages import BadMessage, Config, parse_message
 from myna.server.auth import Grant
 from myna.session import Session
@@ -55,7 +63,16 @@ MAX_FRAME_BYTES = 1024 * 1024
 #: PCM a connection may have queued but unsent before it is closed as a slow consumer
 #: (16 MiB: ~87 s of audio at 96 kHz, ~6 min at 22.05 kHz).
 MAX_QUEUED_AUDIO_BYTES = 16 * 2**20
-_CLOSE = object()  # outbox marker: close the socket here
+#: Close code and reason of a connection the worker closes because it is draining.
+GOING_AWAY = (WSCloseCode.GOING_AWAY, b"worker draining: reconnect")
+
+
+@dataclass(frozen=True)
+class _Close:
+    """Outbox marker: close the socket here, with this code and reason."""
+
+    code: int
+    reason: bytes
 
 
 class Outbox:
@@ -95,9 +112,14 @@ class Outbox:
             self.drop_audio()
             self.put_event(Error(code="slow_consumer",
                                  message=f"over {self._max_audio_bytes // 2**20} MiB of audio unread; closing"))
-            self._items.append(_CLOSE)
+            self._items.append(_Close(WSCloseCode.POLICY_VIOLATION, b"slow consumer"))
         else:  # in messages of at most 16 KiB (an even size: whole samples), like every other
             self._items.extend((turn_id, pcm[i : i + MAX_MESSAGE_BYTES]) for i in range(0, len(pcm), MAX_MESSAGE_BYTES))
+        self._wake.set()
+
+    def close_after_sent(self, code: int, reason: bytes) -> None:
+        """Close the socket with ``code`` once everything queued before now has been sent."""
+        self._items.append(_Close(code, reason))
         self._wake.set()
 
     def drop_audio(self, turn_id: str | None = None) -> None:
@@ -115,8 +137,8 @@ class Outbox:
                 self._wake.clear()
                 while self._items:
                     item = self._items.popleft()
-                    if item is _CLOSE:
-                        await self._ws.close(code=WSCloseCode.POLICY_VIOLATION, message=b"slow consumer")
+                    if isinstance(item, _Close):
+                        await self._ws.close(code=item.code, message=item.reason)
                         return
                     if isinstance(item, str):
                         await self._ws.send_str(item)
@@ -153,6 +175,7 @@ class StreamConnection:
         self.format = "pcm_s16le"  # or G.711 (config.format)
         self.outbox = Outbox(ws)
         self.session: Session | None = None  # opened by the first turn message
+        self._draining = False
 
     def ready_event(self) -> Ready:
         return Ready(engines=list(self._worker.engines), engine=self.engine.name, voice=self.voice,
@@ -162,26 +185,36 @@ class StreamConnection:
         """Serve the connection until the client closes it."""
         self.outbox.put_event(self.ready_event())
         async for msg in self._ws:
-            if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
-                allowed, report = self._rate.allow()
-                if not allowed:
-                    if report:
-                        self._error("rate_limited", self._rate.message)
-                    continue
             if msg.type == WSMsgType.TEXT:
-                self.handle_text(msg.data)
+                await self.handle_text(msg.data)
             elif msg.type == WSMsgType.BINARY:
+                await self._pace()
                 self._error("binary_input", "binary messages are not accepted; send JSON text messages")
             elif msg.type == WSMsgType.ERROR:
                 log.info("tts stream closed with error: %s", self._ws.exception())
                 break
 
-    def handle_text(self, raw: str) -> None:
+    async def _pace(self) -> None:
+        """Back-pressure, not loss: over the message rate, stop reading for a while (the
+        socket's buffers fill and the client's sends wait); the message is handled after."""
+        wait = self._rate.pace()
+        if wait:
+            await asyncio.sleep(wait)
+
+    async def handle_text(self, raw: str) -> None:
+        """One client message. Text and ``end_turn`` of the turn in progress go straight in (a
+        word is never cut by a pause of the reader; :meth:`myna.session.Session.continues_turn`);
+        everything else (a new turn, ``config``, bad input) waits for the message rate."""
         try:
             message = parse_message(raw, config=True)
         except BadMessage as exc:
+            await self._pace()
             self._error(exc.code, exc.message, exc.turn_id)
             return
+        if self.session is not None and self.session.continues_turn(message):
+            self._rate.allow(continues_turn=True)  # (counted when it fits; never held back)
+        else:
+            await self._pace()
         if isinstance(message, Config):
             self._configure(message)
             return
@@ -195,8 +228,21 @@ class StreamConnection:
             sink = self.outbox if self.format == "pcm_s16le" else EncodingSink(self.outbox, FORMATS[self.format])
             self.session = self._worker.sessions.open(
                 self.engine, lambda s: UnpacedOutput.for_session(s, sink, self.sample_rate),
-                self.outbox.put_event, voice=self.voice)
+                self._send, voice=self.voice)
         self.session.handle(message)
+
+    def drain(self) -> None:
+        """The worker drains: close now (1001) if no turn is open or speaking, else once the
+        last one is done (its ``turn_done`` goes out first)."""
+        if not self._draining:
+            self._draining = True
+            if self.session is None or not self.session.busy:
+                self.outbox.close_after_sent(*GOING_AWAY)
+
+    def _send(self, event: Event) -> None:
+        self.outbox.put_event(event)
+        if self._draining and isinstance(event, TurnDone) and not self.session.busy:
+            self.outbox.close_after_sent(*GOING_AWAY)
 
     def _configure(self, config: Config) -> None:
         if self.session is not None:
@@ -241,7 +287,7 @@ def add_tts_stream(app: web.Application, worker) -> None:
         grant = worker.authorize(request, query_token=True)
         release = worker.admit(worker.client_of(request, grant), grant)
         try:
-            ws = web.WebSocketResponse(max_msg_size=MAX_FRAME_BYTES)
+            ws = web.WebSocketResponse(max_msg_size=MAX_FRAME_BYTES, heartbeat=worker.ws_heartbeat or None)
             await ws.prepare(request)
             connections.add(ws)
             connection = StreamConnection(worker, ws, grant)

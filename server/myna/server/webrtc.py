@@ -3,8 +3,10 @@
 ``POST /api/offer`` (Pipecat SmallWebRTC compatible) becomes :meth:`Peers.offer`: the worker
 admits the client, and the peer gets a :class:`~myna.session.Session` whose output is a paced
 :class:`~myna.audio.playout.Playout`, drained by the peer's audio track
-(:class:`~myna.rtc.track.PacedAudioTrack`, Opus). Each data-channel message goes through the
-peer's message rate cap into :meth:`Session.receive`; the session's events go back out on the
+(:class:`~myna.rtc.track.PacedAudioTrack`): Opus, or G.711 (PCMU/PCMA) when that is what the
+offer allows, encoded as G.711 (an offer with none of these is refused: 415
+``unsupported_codec``, naming them). Each data-channel message goes into :meth:`Session.receive`
+under the peer's message rate cap (which never cuts a turn already accepted); the session's events go back out on the
 channel the client last spoke on, as JSON no larger than the peer's SCTP
 ``a=max-message-size`` (an event that cannot fit is dropped, and said once per event type).
 
@@ -24,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from aiortc import RTCPeerConnection, RTCSessionDescription
-from aiortc.sdp import candidate_from_sdp
+from aiortc.sdp import SessionDescription, candidate_from_sdp
 
 from myna.audio.playout import SAMPLE_RATE, Playout
 from myna.engines import Engine
@@ -145,11 +147,7 @@ class Peers:
             @channel.on("message")
             def on_message(message) -> None:
                 peer.channel = channel  # events go to the channel the client last spoke on
-                allowed, report = peer.rate.allow()
-                if allowed:
-                    session.receive(message)
-                elif report:
-                    session.refuse("rate_limited", peer.rate.message)
+                session.receive(message, peer.rate)  # (a turn already accepted is never cut for rate)
 
             @channel.on("close")
             def on_close() -> None:
@@ -197,11 +195,15 @@ class Peers:
             log.info("peer %s: an event could not be sent: %s", peer.pc_id, exc)
 
     async def _answer(self, peer: Peer, sdp: str) -> dict:
+        if not _offers_a_codec_we_send(sdp):
+            raise HTTPError(415, "unsupported_codec", "the offer's audio m-line has no codec this worker can send; "
+                            f"offer one of {', '.join(SUPPORTED_CODECS)}")
         try:
             await peer.pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
             await peer.pc.setLocalDescription(await peer.pc.createAnswer())
         except Exception as exc:  # aiortc raises ValueError, AssertionError, ... on bad SDP
             raise HTTPError(400, "bad_sdp", f"the offer could not be used: {exc or type(exc).__name__}") from None
+        peer.track.use_codec(_audio_codec(peer.pc.localDescription.sdp))
         peer.max_event_bytes = _max_event_bytes(sdp)
         return {"sdp": peer.pc.localDescription.sdp, "type": peer.pc.localDescription.type, "pc_id": peer.pc_id}
 
@@ -268,6 +270,29 @@ class Peers:
 
 def _nothing() -> None:
     """A release function with nothing left to release."""
+
+
+#: The audio codecs a worker sends (aiortc's: Opus encoded here, G.711 by aiortc), as an SDP names them.
+SUPPORTED_CODECS = ("opus/48000/2", "PCMU/8000", "PCMA/8000")
+
+
+def _audio_codec(answer_sdp: str) -> str:
+    """The MIME type of the codec our answer sends audio with (the audio m-line's first)."""
+    for media in SessionDescription.parse(answer_sdp).media:
+        if media.kind == "audio" and media.rtp.codecs:
+            return media.rtp.codecs[0].mimeType
+    return "audio/opus"
+
+
+def _offers_a_codec_we_send(offer_sdp: str) -> bool:
+    """Whether the offer's audio m-lines name any of :data:`SUPPORTED_CODECS` (an offer whose
+    SDP cannot be parsed at all counts as offering one: it is refused as ``bad_sdp``)."""
+    try:
+        media = [m for m in SessionDescription.parse(offer_sdp).media if m.kind == "audio"]
+    except Exception:
+        return True
+    names = {c.split("/")[0].lower() for c in SUPPORTED_CODECS}
+    return any(codec.name.lower() in names for m in media for codec in m.rtp.codecs)
 
 
 def _max_event_bytes(sdp: str) -> int:
