@@ -47,6 +47,7 @@ import numpy as np
 
 from myna.audio.playout import MAX_HOLD_S
 from myna.audio.turns import Gaps, as_mono_float32
+from myna.engines.base import check_speed
 from myna.engines import AudioChunk, Engine, EngineError, ErrorEvent, FallbackEvent, SynthesisStream
 from myna.events import Error, Event, Fallback, FirstAudio, Ready, TurnDone
 from myna.limits import Limits
@@ -119,25 +120,29 @@ class Session:
             :attr:`clock`, :attr:`max_hold_s` and :attr:`engine`.
         send: the door's event sink: every event for the client, in order.
         metrics: the process's metrics.
-        voice: voice name passed to the engine (None: its default).
+        voice: voice name passed to the engine (None: its default); a turn may name another.
+        speed: the session's pace (``speed`` × the voice's own; None: 1.0); a turn may ask for
+            another on its first text (:meth:`myna.engines.SynthesisStream.set_speed`).
         limits: the turn limits applied (``max_turn_chars``, ``max_queued_turns``; None: off).
         max_hold_s: the start rule's budget: the longest a turn's ready first audio may be held (s).
         clock: monotonic clock in seconds.
     """
 
     def __init__(self, engine: Engine, output: Callable[["Session"], TurnOutput], send: EventSink, metrics: Metrics, *,
-                 voice: str | None = None, limits: Limits | None = None, max_hold_s: float = MAX_HOLD_S,
+                 voice: str | None = None, speed: float | None = None, limits: Limits | None = None, max_hold_s: float = MAX_HOLD_S,
                  clock: Callable[[], float] = time.monotonic):
         self.engine = engine
         self.send = send
         self.metrics = metrics
         self.voice = voice
+        self.speed = 1.0 if speed is None else check_speed(speed)
         self.limits = limits or Limits.off()
         self.max_hold_s = max_hold_s
         self.clock = clock
         self._turns: dict[str, _Turn] = {}
         self._open_turns: dict[Hashable, str] = {}  # sender → the turn whose input it is sending
         self._past_turns: deque[str] = deque(maxlen=REMEMBERED_TURNS)
+        self._refused: deque[str] = deque(maxlen=REMEMBERED_TURNS)  # turns whose voice or speed was refused
         self._closed = False
         self._draining = False
         self._on_close: list[Callable[[], None]] = []
@@ -172,7 +177,7 @@ class Session:
         turn_id = getattr(message, "turn_id", None)
         try:
             if isinstance(message, Text):
-                self._on_text(message.turn_id, message.text, sender)
+                self._on_text(message.turn_id, message.text, sender, message.voice, message.speed)
             elif isinstance(message, EndTurn):
                 self._on_end_turn(message.turn_id, sender)
             elif isinstance(message, Interrupt):
@@ -187,10 +192,20 @@ class Session:
             log.exception("message handling failed")
             self._error("internal", "the message could not be handled", turn_id=turn_id)
 
-    def _on_text(self, turn_id: str, text: str, sender: Hashable = None) -> None:
+    def _on_text(self, turn_id: str, text: str, sender: Hashable = None, voice: str | None = None,
+                 speed: float | None = None) -> None:
+        if turn_id in self._refused:
+            return  # its first chunk was refused (one error said so): the rest of it is not spoken either
         if turn_id in self._past_turns:  # a late chunk of a finished or interrupted turn: never speak it
             raise BadMessage("turn_ended", "this turn has ended; use a new turn_id")
-        turn = self._turns.get(turn_id) or self._begin_turn(turn_id, sender)
+        turn = self._turns.get(turn_id)
+        if turn is None:
+            try:
+                turn = self._begin_turn(turn_id, sender, voice, speed)
+            except EngineError as exc:
+                if exc.code in ("unsupported_speed", "bad_speed", "unknown_voice"):
+                    self._refused.append(turn_id)  # the turn's options were refused: drop the whole turn
+                raise
         if turn.input_ended:
             raise BadMessage("turn_ended", "this turn's input has ended; use a new turn_id")
         turn.chars += len(text)
@@ -203,12 +218,13 @@ class Session:
         turn.last_text_at = asyncio.get_running_loop().time()
 
     def _on_end_turn(self, turn_id: str, sender: Hashable = None) -> None:
-        if turn_id in self._past_turns:
+        if turn_id in self._past_turns or turn_id in self._refused:
             return
         turn = self._turns.get(turn_id) or self._begin_turn(turn_id, sender)
         self._end_input(turn)
 
-    def _begin_turn(self, turn_id: str, sender: Hashable = None) -> _Turn:
+    def _begin_turn(self, turn_id: str, sender: Hashable = None, voice: str | None = None,
+                    speed: float | None = None) -> _Turn:
         if self._draining:
             raise BadMessage("draining", "the worker is shutting down; finish this session and connect to another")
         cap = self.limits.max_queued_turns
@@ -217,7 +233,14 @@ class Session:
         previous = self._open_turns.get(sender)
         if previous is not None and previous in self._turns:
             self._end_input(self._turns[previous])
-        stream = self.engine.stream(self.voice, group=self)
+        stream = self.engine.stream(voice if voice is not None else self.voice, group=self)
+        speed = speed if speed is not None else self.speed
+        if speed != 1.0:
+            try:
+                stream.set_speed(speed)
+            except BaseException:
+                stream.cancel()  # (no turn: the group's next one must not wait for it)
+                raise
         loop = asyncio.get_running_loop()
         turn = _Turn(turn_id, stream, text_at=self.clock(), sender=sender, last_text_at=loop.time())
         self._turns[turn_id] = turn

@@ -124,6 +124,22 @@ class EngineError(MynaError):
     """A synthesis failure that ends one turn; carries a contract error ``code``."""
 
 
+#: The pace a turn may ask for, against the voice's own (1.0): ``speed`` on a turn's first text.
+MIN_SPEED, MAX_SPEED = 0.5, 2.0
+
+
+def check_speed(speed: object) -> float:
+    """``speed`` as a float if it is a number from :data:`MIN_SPEED` to :data:`MAX_SPEED`.
+
+    Raises:
+        EngineError: ``bad_speed`` for anything else (booleans, strings, NaN, out of range).
+    """
+    if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not MIN_SPEED <= speed <= MAX_SPEED:
+        raise EngineError("bad_speed", f'"speed" must be a number from {MIN_SPEED:g} to {MAX_SPEED:g} '
+                                       f"(1.0: the voice's own pace)")
+    return float(speed)
+
+
 class SynthesisStream(abc.ABC):
     """One turn of streaming synthesis.
 
@@ -158,6 +174,18 @@ class SynthesisStream(abc.ABC):
         self._cancelled = False
 
     # -- caller side -------------------------------------------------------------------
+    def set_speed(self, speed: float) -> None:
+        """Speak this turn at ``speed`` × the voice's pace; call before the first text. An
+        engine without an honest way to change its pace refuses any speed but 1.0.
+
+        Raises:
+            EngineError: ``bad_speed`` (not a number from :data:`MIN_SPEED` to
+                :data:`MAX_SPEED`) or ``unsupported_speed`` (this engine speaks at its own pace).
+        """
+        if check_speed(speed) != 1.0:
+            raise EngineError("unsupported_speed", "this engine speaks at its own pace: only speed 1.0 is "
+                                                   "supported (piper takes 0.5 to 2.0)")
+
     def push_text(self, chunk: str) -> None:
         """Add a chunk of the turn's text (any split, any size).
 

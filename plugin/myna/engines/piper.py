@@ -51,7 +51,7 @@ from pathlib import Path
 import numpy as np
 
 from myna.engines.base import (AudioChunk, Engine, EngineError, EngineWrapper, ErrorEvent, StreamItem, SynthesisStream,
-                               TurnOrder, WordEvent, spoken_word)
+                               TurnOrder, WordEvent, check_speed, spoken_word)
 from myna.engines.scheduler import HORIZON_S, DeadlineScheduler
 from myna.text import ClauseChunker, Pause, SentenceChunker, WholeChunker
 from myna.text.normalise import ends_clause
@@ -218,11 +218,12 @@ class PiperEngine(Engine):
         return True
 
     # -- the jobs (blocking: on the scheduler's threads) -------------------------------------
-    def encode_unit(self, text: str) -> UnitLatent:
-        """A unit's latents (text → phonemes → latent, each sentence whole) and word starts."""
+    def encode_unit(self, text: str, speed: float = 1.0) -> UnitLatent:
+        """A unit's latents (text → phonemes → latent, each sentence whole) and word starts;
+        ``speed`` divides the voice's length scale (:meth:`myna.engines.vits.SplitVoice.encode`)."""
         t0 = self._job_started()
         try:
-            latents = [self._voice.encode(phonemes) for phonemes in self._voice.phonemes(text)]
+            latents = [self._voice.encode(phonemes, speed=speed) for phonemes in self._voice.phonemes(text)]
         finally:
             self._job_finished(t0, audio_samples=0, units=1)
         hop = self._voice.hop
@@ -420,6 +421,7 @@ class PiperStream(SynthesisStream):
         self._engine = engine
         self._group = group
         self._chunker = chunker if chunker is not None else ClauseChunker()
+        self.speed = 1.0  # pace against the voice's own (set_speed)
         self._release_at_end = release_at_end
         self._said: list[str] = []  # the last words handed to the voice: context for the next unit
         self._units: asyncio.Queue[_Unit | Pause | None] = asyncio.Queue()
@@ -429,6 +431,17 @@ class PiperStream(SynthesisStream):
         self._chunk = FIRST_CHUNK_FRAMES  # frames of the next chunk
         self._after, self._done = engine.order.join(group)  # the group's previous turn first
         self._task = self._loop.create_task(self._run())
+
+    def set_speed(self, speed: float) -> None:
+        """Speak this turn at ``speed`` × the voice's pace (:data:`~myna.engines.base.MIN_SPEED`
+        to :data:`~myna.engines.base.MAX_SPEED`): the voice's length scale is divided by it,
+        so every phoneme lasts ``1 / speed`` as long; call before the turn's first text.
+
+        Raises:
+            EngineError: ``bad_speed`` outside the range.
+        """
+        check_speed(speed)
+        self.speed = float(speed)
 
     def _on_words(self, words: list[str]) -> None:
         now = self._now()
@@ -507,13 +520,14 @@ class PiperStream(SynthesisStream):
         the unit; None when the unit was left out."""
         engine, rate = self._engine, self._engine.sample_rate
         cache = engine.phrase_cache
-        hit = cache.get(engine.name, engine.voice_name, unit.text) if cache is not None else None
+        key = engine.voice_name if self.speed == 1.0 else f"{engine.voice_name}@{self.speed:g}"  # (cached by pace too)
+        hit = cache.get(engine.name, key, unit.text) if cache is not None else None
         if hit is not None:
             pcm, starts = hit
             out = _UnitOut(unit, unit.word_starts(starts), rate, lead_ms, turn_ms)
             await self._out(out.chunk(pcm) + out.end(), held)
             return out
-        latent = await self._job(unit, held, engine.encode_unit, unit.text)
+        latent = await self._job(unit, held, engine.encode_unit, unit.text, self.speed)
         if latent is None:
             return None
         out = _UnitOut(unit, unit.word_starts(latent.starts_ms), rate, lead_ms, turn_ms)
@@ -531,7 +545,7 @@ class PiperStream(SynthesisStream):
                 start = end
         await self._out(out.end(), held)
         if cache is not None:
-            cache.put(engine.name, engine.voice_name, unit.text, np.concatenate(made), latent.starts_ms)
+            cache.put(engine.name, key, unit.text, np.concatenate(made), latent.starts_ms)
         return out
 
     async def _job(self, unit: _Unit, held: list[StreamItem], fn, *args):
