@@ -375,6 +375,12 @@ class Engine(abc.ABC):
         """Voice names :meth:`stream` accepts (``None`` always selects the default)."""
         return []
 
+    def voice_catalogue(self) -> list[dict]:
+        """Each voice :meth:`stream` accepts (``default`` aside): ``name``, ``language`` (None
+        when unknown), ``sample_rate`` (Hz) and ``speakers`` (``GET /v1/voices``)."""
+        return [{"name": v, "language": None, "sample_rate": self.sample_rate, "speakers": 1}
+                for v in self.voices if v != "default"]
+
     async def start(self) -> None:
         """Load models and warm up; the worker reports ready only after this returns."""
 
@@ -451,6 +457,9 @@ class EngineWrapper(Engine):
     @property
     def voices(self) -> list[str]:
         return self.inner.voices
+
+    def voice_catalogue(self) -> list[dict]:
+        return self.inner.voice_catalogue()
 
     async def start(self) -> None:
         await self.inner.start()
