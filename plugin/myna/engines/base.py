@@ -31,6 +31,7 @@ import numpy as np
 
 from myna.errors import MynaError
 from myna.text import Pause, Skipped, TextIntake
+from myna.text import said
 from myna.text.scripts import LATIN
 
 #: A word with nothing after it is complete after this much quiet in the text (s).
@@ -117,6 +118,7 @@ def spoken_word(word: str) -> str:
     >>> spoken_word('"Hello,"')
     'Hello'
     """
+    word = said.written_of(word)  # (a word whose spoken form was given: its written form)
     return word.strip(".,;:!?\"'()[]{}…-—") or word
 
 
@@ -257,12 +259,27 @@ class SynthesisStream(abc.ABC):
         """The turn's clock (s)."""
         return self._clock()
 
+    #: The engine reads marked words itself (:mod:`myna.text.said`: spoken words or IPA); for
+    #: one that does not, :meth:`_take` hands it the spoken words, or the written word where
+    #: only phonemes were given (an ``ErrorEvent`` ``phonemes_ignored`` says so once a turn).
+    reads_marked_words = False
+
     def _take(self, items) -> None:
         """Hand intake items to the engine: runs of words, pauses, skipped-script reports."""
         words: list[str] = []
         for item in items:
             if isinstance(item, str):
-                words.append(item)
+                if self.reads_marked_words or said.MARK not in item:
+                    words.append(item)
+                    continue
+                written, spoken = said.split(item)
+                if said.ipa_of(spoken) is not None:
+                    if "phonemes" not in self._reported_scripts:
+                        self._reported_scripts.add("phonemes")
+                        self._emit(ErrorEvent("phonemes_ignored", "this engine cannot take phonemes: the words of "
+                                                                  "<phoneme> tags in this turn are read as written"))
+                    spoken = written
+                words += spoken.split()
                 continue
             if words:
                 self._on_words(words)

@@ -60,6 +60,7 @@ class EngineOptions:
         phrase_cache_warm: its warm-up list (None: the package's; "none": no warm-up).
         piper_voice: more Piper voice files (``.onnx``, with their ``.onnx.json``) loaded beside
             the bundled one.
+        lexicon: a pronunciation lexicon file (:mod:`myna.text.lexicon`), made the process's.
     """
 
     engines: str = "piper"
@@ -74,6 +75,7 @@ class EngineOptions:
     phrase_cache_warm: str | None = None
     workers: int | None = None
     piper_voice: list[str] | None = None
+    lexicon: str | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "EngineOptions":
@@ -141,6 +143,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, engines: str | None
     g.add_argument("--piper-voice", action="append", default=None, metavar="FILE.onnx",
                    help="another Piper voice loaded beside the bundled one (its FILE.onnx.json beside it; repeatable); "
                         "named by the file's stem, a turn or a session chooses it by that name")
+    g.add_argument("--lexicon", metavar="FILE",
+                   help="pronunciation lexicon: one 'word = respelling' a line (any case; '#' comments), applied to "
+                        "every turn on every engine; captions keep the written word")
     g.add_argument("--dsm-checkpoint", metavar="PATH_OR_REPO", help="DSM TTS checkpoint folder or Hugging Face repo id")
     g.add_argument("--n-q", type=int, default=32, help="DSM codebooks generated (default: %(default)s; clamped to the model's)")
     g.add_argument("--guidance", default=None, metavar="VALUE",
@@ -279,6 +284,13 @@ def build_engines(options: EngineOptions) -> Engines:
     """
     from myna.engines.piper import VARIANT_NAMES, PiperEngine
 
+    if options.lexicon:
+        from myna.text import lexicon
+
+        try:
+            lexicon.use(lexicon.Lexicon.load(options.lexicon))
+        except ValueError as exc:
+            raise EngineOptionsError(f"--lexicon: {exc}") from None
     names = options.names
     if not names:
         raise EngineOptionsError("--engine names no engine")

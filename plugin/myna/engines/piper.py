@@ -54,6 +54,7 @@ from myna.engines.base import (AudioChunk, Engine, EngineError, EngineWrapper, E
                                TurnOrder, WordEvent, check_speed, spoken_word)
 from myna.engines.scheduler import HORIZON_S, DeadlineScheduler
 from myna.text import ClauseChunker, Pause, SentenceChunker, WholeChunker
+from myna.text import said
 from myna.text.normalise import ends_clause
 from myna.text.verbalise import verbalise
 
@@ -247,7 +248,7 @@ class PiperEngine(Engine):
         split = self._voices[voice] if voice is not None else self._voice
         t0 = self._job_started()
         try:
-            latents = [split.encode(phonemes, speed=speed) for phonemes in split.phonemes(text)]
+            latents = [split.encode(phonemes, speed=speed) for phonemes in _phonemes(split, text)]
         finally:
             self._job_finished(t0, audio_samples=0, units=1)
         hop = split.hop
@@ -320,6 +321,23 @@ class PiperVariant(EngineWrapper):
 
     def stream(self, voice: str | None = None, group: object = None) -> "PiperStream":
         return self.base.stream(voice, group, strategy=self.strategy)
+
+
+def _phonemes(split, text: str) -> list[list[str]]:
+    """The text's phonemes by sentence (:meth:`myna.engines.vits.SplitVoice.phonemes`), with
+    IPA given between :data:`myna.text.said.IPA` marks taken as it is (one word each)."""
+    if said.IPA not in text:
+        return split.phonemes(text)
+    sentences: list[list[str]] = [[]]
+    for i, part in enumerate(text.split(said.IPA)):
+        pieces = [list(part)] if i % 2 else (split.phonemes(part) if part.strip() else [])
+        for j, phonemes in enumerate(pieces):
+            if j:
+                sentences.append([])
+            if sentences[-1] and sentences[-1][-1] != " " and phonemes and phonemes[0] != " ":
+                sentences[-1].append(" ")
+            sentences[-1] += phonemes
+    return [s for s in sentences if s]
 
 
 def _voice_info(name: str, config_path: Path) -> dict:
@@ -459,6 +477,8 @@ class PiperStream(SynthesisStream):
             lane: it measures a pipeline that speaks only once the reply is synthesised).
     """
 
+    reads_marked_words = True  # <sub> and lexicon respellings are verbalised as given, <phoneme> IPA is read as is
+
     def __init__(self, engine: PiperEngine, group: object = None, chunker=None, release_at_end: bool = False,
                  voice: str | None = None, **intake):
         super().__init__(scripts=engine.scripts, **intake)
@@ -514,8 +534,11 @@ class PiperStream(SynthesisStream):
         for unit in units:
             if isinstance(unit, str):
                 words = unit.split()
-                unit = _Unit(words, verbalise(words, self._said))
-                self._said = words
+                written = [said.split(w)[0] for w in words]
+                spoken = [form if given is None else given
+                          for form, (_, given) in zip(verbalise(written, self._said), map(said.split, words))]
+                unit = _Unit(words, spoken)
+                self._said = written
             self._units.put_nowait(unit)
 
     def _on_cancel(self) -> None:
