@@ -90,3 +90,18 @@ async def test_a_bad_lexicon_line_names_its_line(tmp_path):
     path.write_text("Myna = my nah\n", encoding="utf-8")
     assert TextIntake(lexicon=lexicon.Lexicon.load(path)).push("myna, ") == [
         lexicon.said.mark("myna", "my nah") + ","]
+
+
+async def test_myna_serve_lexicon_flag_loads_the_process_lexicon_or_names_the_bad_line(tmp_path):
+    from myna.engines.build import EngineOptions, EngineOptionsError, build_engines
+
+    path = tmp_path / "brands.txt"
+    path.write_text("nope\n", encoding="utf-8")
+    with pytest.raises(EngineOptionsError, match=r"--lexicon: .*brands.txt:1"):
+        build_engines(EngineOptions(engines="piper", lexicon=str(path), phrase_cache_mb=0))
+    path.write_text("Zyntrix = banana split\n", encoding="utf-8")
+    try:
+        build_engines(EngineOptions(engines="piper", lexicon=str(path), phrase_cache_mb=0))
+        assert TextIntake().push("Ask Zyntrix ") == ["Ask", lexicon.said.mark("Zyntrix", "banana split")]
+    finally:
+        lexicon.use(None)
