@@ -102,6 +102,7 @@ async def test_myna_serve_lexicon_flag_loads_the_process_lexicon_or_names_the_ba
     path.write_text("Zyntrix = banana split\n", encoding="utf-8")
     try:
         build_engines(EngineOptions(engines="piper", lexicon=str(path), phrase_cache_mb=0))
-        assert TextIntake().push("Ask Zyntrix ") == ["Ask", lexicon.said.mark("Zyntrix", "banana split")]
+        intake = TextIntake()
+        assert intake.push("Ask Zyntrix ") + intake.flush() == ["Ask", lexicon.said.mark("Zyntrix", "banana split")]
     finally:
         lexicon.use(None)
