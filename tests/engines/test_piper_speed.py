@@ -16,8 +16,10 @@ from inprocess import collect
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-SENTENCES = ["Your table for four is booked for Friday evening at the harbour restaurant.",
-             "Please bring your confirmation email and arrive ten minutes early."]
+SENTENCES = ["Your table for four is booked for Friday evening at the river restaurant.",
+             "Please bring your confirmation email and arrive ten minutes early.",
+             "The doctor can see you on Monday morning, or later in the week if you prefer.",
+             "I have sent the new password to your phone, so you can sign in again now."]
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -44,7 +46,7 @@ def _words(text: str) -> str:
 
 
 async def test_speed_changes_the_length_and_whisper_still_hears_the_words(engine, whisper):
-    lengths, wers = {}, {}
+    lengths, wers, said = {}, {}, {}
     for speed in (1.0, 1.5, 0.75):
         heard, total = [], 0
         for sentence in SENTENCES:
@@ -55,8 +57,9 @@ async def test_speed_changes_the_length_and_whisper_still_hears_the_words(engine
                                              beam_size=1, language="en", vad_filter=False)
             heard.append(" ".join(s.text for s in segments))
         lengths[speed] = total / engine.sample_rate
+        said[speed] = heard
         wers[speed] = jiwer.wer([_words(s) for s in SENTENCES], [_words(h) for h in heard])
-    print("speed → audio s, WER:", {s: (round(lengths[s], 2), round(wers[s], 3)) for s in lengths})
+    print("speed → audio s, WER:", {s: (round(lengths[s], 2), round(wers[s], 3)) for s in lengths}, said[1.5])
     assert 0.60 <= lengths[1.5] / lengths[1.0] <= 0.70  # 30–40 % shorter
     assert lengths[0.75] / lengths[1.0] >= 1.2
     assert wers[1.5] <= wers[1.0] + 0.05 and wers[0.75] <= wers[1.0] + 0.05
