@@ -15,6 +15,8 @@ stream, the in-process plug-ins) builds the messages itself.
   the word that was cut;
 - :class:`Config`: the WebSocket's settings, before its first turn.
 
+A bad ``speed`` (not a number from :data:`MIN_SPEED` to :data:`MAX_SPEED`) is ``bad_speed``.
+
 A message that breaks the contract raises :class:`BadMessage` (its ``code`` and ``message``
 go into the ``error`` event, with the message's ``turn_id`` when it had a valid one).
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from myna.engines.base import MAX_SPEED, MIN_SPEED, EngineError, check_speed
 from myna.errors import MynaError
 from myna.events import MAX_MESSAGE_BYTES
 
@@ -40,8 +43,10 @@ WS_FORMATS = ("pcm_s16le", "pcm_mulaw", "pcm_alaw")
 
 @dataclass(frozen=True)
 class Text:
-    """``{"type": "text", "turn_id", "text"}``: a chunk of a turn's text.
+    """``{"type": "text", "turn_id", "text", "voice"?, "speed"?}``: a chunk of a turn's text.
 
+    ``voice`` and ``speed`` (a number from 0.5 to 2.0, the voice's own pace ×) are the turn's
+    options, read on its first chunk only (None: the session's).
     ``{"type": "prepare", "turn_id", "text"}`` is the same with ``prepare`` True: its turn's
     first chunk opens it *prepared* (synthesised, held until :class:`Commit`); on a turn
     already open it is a plain chunk."""
@@ -49,6 +54,8 @@ class Text:
     turn_id: str
     text: str
     prepare: bool = False
+    voice: str | None = None
+    speed: float | None = None
 
 
 @dataclass(frozen=True)
@@ -99,6 +106,7 @@ class Config:
     voice: str | None = None
     sample_rate: int | None = None
     format: str | None = None
+    speed: float | None = None  # the session's default pace (0.5 to 2.0)
 
 
 Message = Text | EndTurn | Interrupt | Cancel | Commit | Pause | Resume | Config
@@ -156,7 +164,10 @@ def message_from(obj: dict, *, config: bool = False) -> Message:
             raise BadMessage("bad_message", f'"{kind}" needs a "turn_id" (string, 1-{MAX_TURN_ID} chars)')
         if not isinstance(text, str):
             raise BadMessage("bad_message", f'"{kind}" needs a string "text"', turn_id)
-        return Text(turn_id, text, prepare=kind == "prepare")
+        voice = obj.get("voice")
+        if not isinstance(voice, (str, type(None))):
+            raise BadMessage("bad_message", '"voice" must be a string', turn_id)
+        return Text(turn_id, text, prepare=kind == "prepare", voice=voice, speed=_speed(obj.get("speed"), turn_id))
     if kind == "commit":
         if turn_id is None:
             raise BadMessage("bad_message", f'"commit" needs a "turn_id" (string, 1-{MAX_TURN_ID} chars)')
@@ -191,7 +202,17 @@ def _config(obj: dict) -> Config:
         raise BadMessage("bad_config", f'"format" must be one of {", ".join(WS_FORMATS)}')
     if fmt in ("pcm_mulaw", "pcm_alaw") and rate not in (None, 8000):
         raise BadMessage("bad_config", f'"{fmt}" is G.711: its "sample_rate" is 8000 Hz')
-    return Config(engine, voice, rate, fmt)
+    return Config(engine, voice, rate, fmt, _speed(obj.get("speed")))
+
+
+def _speed(speed: object, turn_id: str | None = None) -> float | None:
+    """A message's ``speed``: None, or a number from :data:`MIN_SPEED` to :data:`MAX_SPEED`."""
+    if speed is None:
+        return None
+    try:
+        return check_speed(speed)
+    except EngineError as exc:
+        raise BadMessage(exc.code, exc.message, turn_id) from None
 
 
 def _valid_turn_id(turn_id: object) -> str | None:

@@ -58,6 +58,7 @@ import numpy as np
 
 from myna.audio.playout import MAX_HOLD_S
 from myna.audio.turns import Gaps, as_mono_float32
+from myna.engines.base import check_speed
 from myna.engines import AudioChunk, Engine, EngineError, ErrorEvent, FallbackEvent, SynthesisStream
 from myna.events import Error, Event, Fallback, FirstAudio, Ready, TurnDone
 from myna.limits import Limits, MessageRate
@@ -155,7 +156,9 @@ class Session:
             :attr:`clock`, :attr:`max_hold_s` and :attr:`engine`.
         send: the door's event sink: every event for the client, in order.
         metrics: the process's metrics.
-        voice: voice name passed to the engine (None: its default).
+        voice: voice name passed to the engine (None: its default); a turn may name another.
+        speed: the session's pace (``speed`` × the voice's own; None: 1.0); a turn may ask for
+            another on its first text (:meth:`myna.engines.SynthesisStream.set_speed`).
         limits: the turn limits applied (``max_turn_chars``, ``max_queued_turns``; None: off).
         max_hold_s: the start rule's budget: the longest a turn's ready first audio may be held (s).
         clock: monotonic clock in seconds.
@@ -169,19 +172,20 @@ class Session:
     prepare_timeout_s: float = PREPARE_TIMEOUT_S
 
     def __init__(self, engine: Engine, output: Callable[["Session"], TurnOutput], send: EventSink, metrics: Metrics, *,
-                 voice: str | None = None, limits: Limits | None = None, max_hold_s: float = MAX_HOLD_S,
+                 voice: str | None = None, speed: float | None = None, limits: Limits | None = None, max_hold_s: float = MAX_HOLD_S,
                  clock: Callable[[], float] = time.monotonic):
         self.engine = engine
         self.send = send
         self.metrics = metrics
         self.voice = voice
+        self.speed = 1.0 if speed is None else check_speed(speed)
         self.limits = limits or Limits.off()
         self.max_hold_s = max_hold_s
         self.clock = clock
         self._turns: dict[str, _Turn] = {}
         self._open_turns: dict[Hashable, str] = {}  # sender → the turn whose input it is sending
         self._past_turns: deque[str] = deque(maxlen=REMEMBERED_TURNS)
-        self._refused: deque[str] = deque(maxlen=REMEMBERED_TURNS)  # turns refused whole for rate
+        self._refused: deque[str] = deque(maxlen=REMEMBERED_TURNS)  # turns refused whole (for rate, or their voice or speed)
         self._closed = False
         self._draining = False
         self._on_close: list[Callable[[], None]] = []
@@ -245,7 +249,7 @@ class Session:
                 return
         try:
             if isinstance(message, Text):
-                self._on_text(message.turn_id, message.text, sender, message.prepare)
+                self._on_text(message.turn_id, message.text, sender, message.prepare, message.voice, message.speed)
             elif isinstance(message, EndTurn):
                 self._on_end_turn(message.turn_id, sender)
             elif isinstance(message, Interrupt):
@@ -266,10 +270,20 @@ class Session:
             log.exception("message handling failed")
             self._error("internal", "the message could not be handled", turn_id=turn_id)
 
-    def _on_text(self, turn_id: str, text: str, sender: Hashable = None, prepare: bool = False) -> None:
+    def _on_text(self, turn_id: str, text: str, sender: Hashable = None, prepare: bool = False,
+                 voice: str | None = None, speed: float | None = None) -> None:
+        if turn_id in self._refused:
+            return  # its first chunk was refused (one error said so): the rest of it is not spoken either
         if turn_id in self._past_turns:  # a late chunk of a finished or interrupted turn: never speak it
             raise BadMessage("turn_ended", "this turn has ended; use a new turn_id")
-        turn = self._turns.get(turn_id) or self._begin_turn(turn_id, sender, prepare)
+        turn = self._turns.get(turn_id)
+        if turn is None:
+            try:
+                turn = self._begin_turn(turn_id, sender, prepare, voice, speed)
+            except EngineError as exc:
+                if exc.code in ("unsupported_speed", "bad_speed", "unknown_voice"):
+                    self._refused.append(turn_id)  # the turn's options were refused: drop the whole turn
+                raise
         if turn.input_ended:
             raise BadMessage("turn_ended", "this turn's input has ended; use a new turn_id")
         turn.chars += max(1, len(text))  # (an empty chunk counts as one: a turn's messages are bounded too)
@@ -284,12 +298,13 @@ class Session:
         turn.last_text_at = asyncio.get_running_loop().time()
 
     def _on_end_turn(self, turn_id: str, sender: Hashable = None) -> None:
-        if turn_id in self._past_turns:
+        if turn_id in self._past_turns or turn_id in self._refused:
             return
         turn = self._turns.get(turn_id) or self._begin_turn(turn_id, sender)
         self._end_input(turn)
 
-    def _begin_turn(self, turn_id: str, sender: Hashable = None, prepare: bool = False) -> _Turn:
+    def _begin_turn(self, turn_id: str, sender: Hashable = None, prepare: bool = False, voice: str | None = None,
+                    speed: float | None = None) -> _Turn:
         if self._draining:
             raise BadMessage("draining", "the worker is shutting down; finish this session and connect to another")
         cap = self.limits.max_queued_turns
@@ -298,7 +313,14 @@ class Session:
         previous = self._open_turns.get(sender)
         if previous is not None and previous in self._turns:
             self._end_input(self._turns[previous])
-        stream = self.engine.stream(self.voice, group=self)
+        stream = self.engine.stream(voice if voice is not None else self.voice, group=self)
+        speed = speed if speed is not None else self.speed
+        if speed != 1.0:
+            try:
+                stream.set_speed(speed)
+            except BaseException:
+                stream.cancel()  # (no turn: the group's next one must not wait for it)
+                raise
         loop = asyncio.get_running_loop()
         turn = _Turn(turn_id, stream, text_at=self.clock(), sender=sender, last_text_at=loop.time(), prepared=prepare)
         self._turns[turn_id] = turn

@@ -39,7 +39,7 @@ class FakePiper(PiperEngine):
     def _load(self) -> None:
         self._voice = types.SimpleNamespace(calibrate=lambda texts: 1.0, split=False)  # "loaded"
 
-    def encode_unit(self, text: str) -> UnitLatent:
+    def encode_unit(self, text: str, speed: float = 1.0, voice: str | None = None) -> UnitLatent:
         self.gate.wait(30)
         self.synthesised.append(text)
         words = text.split()
@@ -48,7 +48,7 @@ class FakePiper(PiperEngine):
                               np.zeros(int(0.15 * RATE), np.float32)])
         return UnitLatent([_Made(pcm)], [80.0 + 300.0 * i for i in range(len(words))], len(pcm))
 
-    def render(self, latent: "_Made", start: int, end: int) -> np.ndarray:
+    def render(self, latent: "_Made", start: int, end: int, voice: str | None = None) -> np.ndarray:
         return latent.pcm[start * HOP : end * HOP]
 
 

@@ -35,13 +35,13 @@ def faults(engine):
     calls: list[str] = []
     plan: dict[str, list] = {}
 
-    def encode_unit(text: str):
+    def encode_unit(text: str, *options):  # (speed, voice)
         calls.append(text)
         for word, left in plan.items():
             if word in text and left[0] > 0:
                 left[0] -= 1
                 raise left[1]
-        return real(text)
+        return real(text, *options)
 
     def arm(word: str, times: int, exc: BaseException) -> list[str]:
         plan[word] = [times, exc]
@@ -129,11 +129,11 @@ async def test_with_a_fallback_the_failed_unit_is_spoken_by_it(engine, faults):
 async def test_a_chunk_that_fails_twice_leaves_out_the_rest_of_its_unit_only(engine, monkeypatch):
     real, calls = engine.render, []
 
-    def render(latent, start, end):
+    def render(latent, start, end, *voice):
         calls.append(start)
         if start > 0 and len(calls) <= 4:  # the first unit's second chunk, and its retry
             raise RuntimeError("onnxruntime: bad state")
-        return real(latent, start, end)
+        return real(latent, start, end, *voice)
 
     monkeypatch.setattr(engine, "render", render)
     items = await turn(engine.stream(), "Please press every one of the buttons on the panel now. Then wait.")

@@ -178,13 +178,13 @@ class VirtualPiper:
 
         self.engine.scheduler.run = recorded
 
-    def _encode(self, text: str) -> UnitLatent:
+    def _encode(self, text: str, speed: float = 1.0, voice: str | None = None) -> UnitLatent:
         time.sleep(self.job_s)
         words = text.split()
         starts = [1000.0 * 2 * self.HOP * len(" ".join(words[:i])) / 22_050 for i in range(len(words))]
         return UnitLatent([_FakeLatent(text, 2 * len(text))], starts, 2 * len(text) * self.HOP)
 
-    def _render(self, latent: _FakeLatent, start: int, end: int) -> np.ndarray:
+    def _render(self, latent: _FakeLatent, start: int, end: int, voice: str | None = None) -> np.ndarray:
         time.sleep(self.job_s)
         return np.full((min(end, latent.frames) - start) * self.HOP, 0.1, np.float32)
 

@@ -57,6 +57,9 @@ class Distinct(ToneEngine):
     def breaker_state(self) -> str | None:
         return "half_open"
 
+    def voice_catalogue(self) -> list[dict]:
+        return [{"name": "ada", "language": "en_GB", "sample_rate": 16_000, "speakers": 3}]
+
     def compute_stats(self) -> dict | None:
         return {"busy_s": 1.5}
 
@@ -89,7 +92,7 @@ async def check(wrapper: Engine, inner: Engine, own: set[str]) -> None:
         elif name == "use_phrase_cache":
             inner.calls.clear()
             assert wrapper.use_phrase_cache("the cache") is True and inner.calls == [("cache", "the cache")]
-        elif name in ("breaker_state", "compute_stats"):
+        elif name in ("breaker_state", "compute_stats", "voice_catalogue"):
             assert getattr(wrapper, name)() == getattr(inner, name)(), (type(wrapper).__name__, name)
         else:
             pytest.fail(f"Engine.{name} is new: say here how a wrapper passes it on")

@@ -147,3 +147,20 @@ async def test_disconnect_mid_turn_cleans_up_and_the_server_keeps_serving(server
         await ws.close()
     with urllib.request.urlopen(f"{server.url}/healthz", timeout=5) as r:
         assert r.status == 200
+
+
+async def test_config_speed_is_the_session_default_and_a_turn_may_ask_for_another(server):
+    """Issue 25: ``config.speed`` paces every turn; a turn's ``speed`` wins; a bad one is an error."""
+    async with aiohttp.ClientSession() as session:
+        ws, _ = await connect(session, server, speed=1.5)
+        await ws.send_json({"type": "config", "speed": 9})
+        assert (await receive_json(ws))["code"] == "bad_speed"  # the settings stay
+        text = "Your table for four is booked for Friday evening."
+        await ws.send_json({"type": "text", "turn_id": "fast", "text": text})
+        await ws.send_json({"type": "end_turn", "turn_id": "fast"})
+        await ws.send_json({"type": "text", "turn_id": "own", "text": text, "speed": 1.0})
+        await ws.send_json({"type": "end_turn", "turn_id": "own"})
+        messages = await collect(ws, "own")
+        await ws.close()
+    done = {m["turn_id"]: m["audio_ms"] for m in messages if isinstance(m, dict) and m["type"] == "turn_done"}
+    assert 0.6 <= done["fast"] / done["own"] <= 0.72, done

@@ -31,6 +31,7 @@ import numpy as np
 
 from myna.errors import MynaError
 from myna.text import Pause, Skipped, TextIntake
+from myna.text import said
 from myna.text.scripts import LATIN
 
 #: A word with nothing after it is complete after this much quiet in the text (s).
@@ -117,11 +118,28 @@ def spoken_word(word: str) -> str:
     >>> spoken_word('"Hello,"')
     'Hello'
     """
+    word = said.written_of(word)  # (a word whose spoken form was given: its written form)
     return word.strip(".,;:!?\"'()[]{}…-—") or word
 
 
 class EngineError(MynaError):
     """A synthesis failure that ends one turn; carries a contract error ``code``."""
+
+
+#: The pace a turn may ask for, against the voice's own (1.0): ``speed`` on a turn's first text.
+MIN_SPEED, MAX_SPEED = 0.5, 2.0
+
+
+def check_speed(speed: object) -> float:
+    """``speed`` as a float if it is a number from :data:`MIN_SPEED` to :data:`MAX_SPEED`.
+
+    Raises:
+        EngineError: ``bad_speed`` for anything else (booleans, strings, NaN, out of range).
+    """
+    if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not MIN_SPEED <= speed <= MAX_SPEED:
+        raise EngineError("bad_speed", f'"speed" must be a number from {MIN_SPEED:g} to {MAX_SPEED:g} '
+                                       f"(1.0: the voice's own pace)")
+    return float(speed)
 
 
 class SynthesisStream(abc.ABC):
@@ -158,6 +176,18 @@ class SynthesisStream(abc.ABC):
         self._cancelled = False
 
     # -- caller side -------------------------------------------------------------------
+    def set_speed(self, speed: float) -> None:
+        """Speak this turn at ``speed`` × the voice's pace; call before the first text. An
+        engine without an honest way to change its pace refuses any speed but 1.0.
+
+        Raises:
+            EngineError: ``bad_speed`` (not a number from :data:`MIN_SPEED` to
+                :data:`MAX_SPEED`) or ``unsupported_speed`` (this engine speaks at its own pace).
+        """
+        if check_speed(speed) != 1.0:
+            raise EngineError("unsupported_speed", "this engine speaks at its own pace: only speed 1.0 is "
+                                                   "supported (piper takes 0.5 to 2.0)")
+
     def push_text(self, chunk: str) -> None:
         """Add a chunk of the turn's text (any split, any size).
 
@@ -229,12 +259,27 @@ class SynthesisStream(abc.ABC):
         """The turn's clock (s)."""
         return self._clock()
 
+    #: The engine reads marked words itself (:mod:`myna.text.said`: spoken words or IPA); for
+    #: one that does not, :meth:`_take` hands it the spoken words, or the written word where
+    #: only phonemes were given (an ``ErrorEvent`` ``phonemes_ignored`` says so once a turn).
+    reads_marked_words = False
+
     def _take(self, items) -> None:
         """Hand intake items to the engine: runs of words, pauses, skipped-script reports."""
         words: list[str] = []
         for item in items:
             if isinstance(item, str):
-                words.append(item)
+                if self.reads_marked_words or said.MARK not in item:
+                    words.append(item)
+                    continue
+                written, spoken = said.split(item)
+                if said.ipa_of(spoken) is not None:
+                    if "phonemes" not in self._reported_scripts:
+                        self._reported_scripts.add("phonemes")
+                        self._emit(ErrorEvent("phonemes_ignored", "this engine cannot take phonemes: the words of "
+                                                                  "<phoneme> tags in this turn are read as written"))
+                    spoken = written
+                words += spoken.split()
                 continue
             if words:
                 self._on_words(words)
@@ -347,6 +392,12 @@ class Engine(abc.ABC):
         """Voice names :meth:`stream` accepts (``None`` always selects the default)."""
         return []
 
+    def voice_catalogue(self) -> list[dict]:
+        """Each voice :meth:`stream` accepts (``default`` aside): ``name``, ``language`` (None
+        when unknown), ``sample_rate`` (Hz) and ``speakers`` (``GET /v1/voices``)."""
+        return [{"name": v, "language": None, "sample_rate": self.sample_rate, "speakers": 1}
+                for v in self.voices if v != "default"]
+
     async def start(self) -> None:
         """Load models and warm up; the worker reports ready only after this returns."""
 
@@ -423,6 +474,9 @@ class EngineWrapper(Engine):
     @property
     def voices(self) -> list[str]:
         return self.inner.voices
+
+    def voice_catalogue(self) -> list[dict]:
+        return self.inner.voice_catalogue()
 
     async def start(self) -> None:
         await self.inner.start()

@@ -25,6 +25,7 @@ import argparse
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from myna.engines import ENGINE_NAMES, Engine
 from myna.engines.fallback import AFTER_MS, STALL_MS, FallbackEngine
@@ -57,6 +58,9 @@ class EngineOptions:
         fallback_stall_ms: silence mid-turn, while words wait, before the switch (ms).
         phrase_cache_mb: the phrase cache's bound (MB; 0: off).
         phrase_cache_warm: its warm-up list (None: the package's; "none": no warm-up).
+        piper_voice: more Piper voice files (``.onnx``, with their ``.onnx.json``) loaded beside
+            the bundled one.
+        lexicon: a pronunciation lexicon file (:mod:`myna.text.lexicon`), made the process's.
     """
 
     engines: str = "piper"
@@ -70,6 +74,8 @@ class EngineOptions:
     phrase_cache_mb: float = 0.0
     phrase_cache_warm: str | None = None
     workers: int | None = None
+    piper_voice: list[str] | None = None
+    lexicon: str | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "EngineOptions":
@@ -95,6 +101,23 @@ class EngineOptions:
         return self.voice if self.voice and not _is_voice_file(self.voice) else None
 
 
+def _piper(options: EngineOptions):
+    """The shared Piper engine with the voices ``options`` name.
+
+    Raises:
+        EngineOptionsError: a ``--piper-voice`` file or its config is missing or unreadable.
+    """
+    from myna.engines.piper import PiperEngine
+
+    for path in options.piper_voice or ():
+        if not path.endswith(".onnx") or not Path(path).is_file() or not Path(f"{path}.json").is_file():
+            raise EngineOptionsError(f"--piper-voice {path}: needs an existing FILE.onnx with FILE.onnx.json beside it")
+    try:
+        return PiperEngine(workers=options.workers, more_voices=options.piper_voice or ())
+    except ValueError as exc:
+        raise EngineOptionsError(f"--piper-voice: {exc}") from None
+
+
 def _is_voice_file(voice: str) -> bool:
     return voice.endswith(".safetensors")  # DSM voices (speaker_wavs) are safetensors files
 
@@ -117,6 +140,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, engines: str | None
     g.add_argument("--voice", default=None, metavar="NAME_OR_FILE",
                    help="a DSM voice file (.safetensors, speaker_wavs), or a voice name of the default engine for "
                         "sessions that do not choose one (default: the engines' own)")
+    g.add_argument("--piper-voice", action="append", default=None, metavar="FILE.onnx",
+                   help="another Piper voice loaded beside the bundled one (its FILE.onnx.json beside it; repeatable); "
+                        "named by the file's stem, a turn or a session chooses it by that name")
+    g.add_argument("--lexicon", metavar="FILE",
+                   help="pronunciation lexicon: one 'word = respelling' a line (any case; '#' comments), applied to "
+                        "every turn on every engine; captions keep the written word")
     g.add_argument("--dsm-checkpoint", metavar="PATH_OR_REPO", help="DSM TTS checkpoint folder or Hugging Face repo id")
     g.add_argument("--n-q", type=int, default=32, help="DSM codebooks generated (default: %(default)s; clamped to the model's)")
     g.add_argument("--guidance", default=None, metavar="VALUE",
@@ -255,6 +284,13 @@ def build_engines(options: EngineOptions) -> Engines:
     """
     from myna.engines.piper import VARIANT_NAMES, PiperEngine
 
+    if options.lexicon:
+        from myna.text import lexicon
+
+        try:
+            lexicon.use(lexicon.Lexicon.load(options.lexicon))
+        except ValueError as exc:
+            raise EngineOptionsError(f"--lexicon: {exc}") from None
     names = options.names
     if not names:
         raise EngineOptionsError("--engine names no engine")
@@ -266,7 +302,7 @@ def build_engines(options: EngineOptions) -> Engines:
         if name not in ENGINE_NAMES:
             raise EngineOptionsError(f"unknown engine {name!r} (available: {', '.join(ENGINE_NAMES)})")
         if name in VARIANT_NAMES:
-            piper = piper or PiperEngine(workers=options.workers)
+            piper = piper or _piper(options)
             engines[name] = piper if name == "piper" else piper.variant(name, VARIANT_NAMES[name])
         elif name == "dsm":
             require("dsm")

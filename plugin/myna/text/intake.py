@@ -27,7 +27,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from myna.text.markup import LINE_BREAK, Pause, TagScanner
+from myna.text import lexicon as lexicon_module
+from myna.text import said
+from myna.text.markup import LINE_BREAK, Pause, Said, TagScanner
 from myna.text.normalise import ends_clause
 from myna.text.scripts import LATIN, foreign_script
 from myna.text.segment import WordSegmenter
@@ -65,6 +67,9 @@ class TextIntake:
 
     Args:
         scripts: script names the voice reads (:mod:`myna.text.scripts`).
+        lexicon: respellings applied to each word (:class:`myna.text.lexicon.Lexicon`; None:
+            the process's, :func:`myna.text.lexicon.default`). A respelled word, like the words
+            of ``<sub>`` and ``<phoneme>``, comes out marked (:mod:`myna.text.said`).
 
     >>> intake = TextIntake()
     >>> intake.push("Let"), intake.push(" me check"), intake.push(" that for you.")
@@ -73,8 +78,9 @@ class TextIntake:
     (['Here:', Pause(ms=0.0), '1', 'Apple.', Pause(ms=0.0), '2'], ['Pear'])
     """
 
-    def __init__(self, scripts: frozenset[str] = LATIN):
+    def __init__(self, scripts: frozenset[str] = LATIN, lexicon=None):
         self.scripts = scripts
+        self.lexicon = lexicon if lexicon is not None else lexicon_module.default()
         self._tags = TagScanner()
         self._words = WordSegmenter()
         self._head: str | None = ""  # raw text of a line's start (None: past the first word)
@@ -107,6 +113,11 @@ class TextIntake:
     def _scan(self, pieces) -> list[IntakeItem]:
         out: list[IntakeItem] = []
         for piece in pieces:
+            if isinstance(piece, Said):  # one word, its spoken form given (<sub>, <phoneme>)
+                out += self._release_head() + self._accept(self._words.flush())
+                out.append(said.mark(piece.written, piece.spoken, piece.ipa))
+                self._since_break = True
+                continue
             if isinstance(piece, Pause):
                 out += self.settle()
                 out.append(piece)
@@ -153,7 +164,7 @@ class TextIntake:
         for word in words:
             script = foreign_script(word, self.scripts)
             if script is None:
-                out.append(word)
+                out.append(self.lexicon.apply(word) if self.lexicon is not None else word)
                 self._since_break = True
             else:
                 out.append(Skipped(script, word))

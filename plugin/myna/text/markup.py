@@ -7,6 +7,9 @@ and token streams cut them anywhere (``"It's fine <bre"``, ``'ak time="0.5s" />'
 - ``<break>`` (SSML 1.1 §3.2.3): a :class:`Pause` of its ``time`` (``"500ms"``, ``"0.5s"``,
   at most :data:`MAX_PAUSE_MS`) or, without one, of its ``strength`` (default ``medium``);
 - a tag that ends a line in HTML (``<br>``, ``<p>``, ``<li>``, ``<h1>``…): a line break;
+- ``<sub alias="…">W3C</sub>`` and ``<phoneme alphabet="ipa" ph="…">word</phoneme>``: a
+  :class:`~myna.text.said.Said` item once the end tag arrives (written words, and what to read
+  instead); without an alias or IPA, or never closed, the words inside are plain text;
 - any other tag (``<emphasis>``, ``</speak>``, ``<voice name="x">``, comments): a space.
 
 What is not a tag stays text: ``a < b``, ``<3``, ``x<y then z`` (an attribute without a value
@@ -18,6 +21,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+from myna.text.said import Said
 
 #: Longest pause a ``<break>`` may ask for (ms); SSML engines cap it similarly (Polly: 10 s).
 MAX_PAUSE_MS = 10_000.0
@@ -54,7 +59,24 @@ class Pause:
 
 LINE_BREAK = "\n"
 
-ScanItem = str | Pause
+ScanItem = str | Pause | Said
+_ALIAS = re.compile(r"""\balias\s*=\s*(?:"([^"<>]*)"|'([^'<>]*)')""", re.IGNORECASE)
+_PH = re.compile(r"""\bph\s*=\s*(?:"([^"<>]*)"|'([^'<>]*)')""", re.IGNORECASE)
+_ALPHABET = re.compile(r"""\balphabet\s*=\s*["']?([-\w]+)""", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class _Open:
+    """``<sub>`` or ``<phoneme>`` began: the text up to its end tag is what it applies to."""
+
+    name: str
+    spoken: str | None = None
+    ipa: str | None = None
+
+
+@dataclass(frozen=True)
+class _Close:
+    name: str
 
 
 def break_ms(attributes: str) -> float:
@@ -81,6 +103,8 @@ class TagScanner:
 
     def __init__(self) -> None:
         self._held = ""  # from a "<" that may start a tag
+        self._open: _Open | None = None  # a <sub> or <phoneme> whose end tag has not come
+        self._inside = ""  # the text inside it so far
 
     @property
     def holding(self) -> bool:
@@ -89,8 +113,11 @@ class TagScanner:
 
     def push(self, chunk: str) -> list[ScanItem]:
         """Add text; return text (tags replaced) and :class:`Pause` items, in order."""
+        return self._given(self._push(chunk))
+
+    def _push(self, chunk: str) -> list:
         text, self._held = self._held + chunk, ""
-        out: list[ScanItem] = []
+        out: list = []
         start = 0
         while (lt := text.find("<", start)) >= 0:
             rest = text[lt:]
@@ -102,17 +129,43 @@ class TagScanner:
             elif _may_become_tag(rest):
                 out.append(text[start:lt])
                 self._held = rest
-                return _merge(out)
+                return out
             else:
                 out.append(text[start : lt + 1])
                 start = lt + 1
         out.append(text[start:])
+        return out
+
+    def _given(self, items: list) -> list[ScanItem]:
+        """Text inside ``<sub>`` / ``<phoneme>`` becomes one :class:`Said` at its end tag."""
+        out: list = []
+        for item in items:
+            if isinstance(item, _Open):
+                out += self._unclosed()
+                self._open, self._inside = item, ""
+            elif isinstance(item, _Close):
+                if self._open is not None and self._open.name == item.name:
+                    opened, inside = self._open, self._inside
+                    self._open, self._inside = None, ""
+                    if inside.strip():
+                        out.append(Said(" ".join(inside.split()), opened.spoken, opened.ipa))
+                else:
+                    out.append(" ")
+            elif self._open is not None and isinstance(item, str):
+                self._inside += item
+            else:
+                out.append(item)
         return _merge(out)
 
+    def _unclosed(self) -> list:
+        inside, self._open, self._inside = self._inside, None, ""
+        return [inside] if inside else []
+
     def flush(self) -> list[ScanItem]:
-        """End of text: a tag that never closed is dropped (it was never meant to be heard)."""
+        """End of text: a tag that never closed is dropped (it was never meant to be heard);
+        the words of a ``<sub>`` or ``<phoneme>`` that never closed are read as written."""
         held, self._held = self._held, ""
-        return [] if _TAG_START.match(held) else ([held] if held else [])
+        return _merge(self._unclosed() + ([] if _TAG_START.match(held) else ([held] if held else [])))
 
 
 def _is_autolink(tag: str) -> bool:
@@ -134,6 +187,20 @@ def _meaning(tag: re.Match[str]) -> list[ScanItem]:
     name = tag.group(2).lower().split(":")[-1]
     if name == "break":
         return [Pause(break_ms(tag.group(3) or ""))]
+    if name in ("sub", "phoneme"):
+        if tag.group(1):
+            return [_Close(name)]
+        attributes = tag.group(3) or ""
+        if tag.group(0).rstrip(">").rstrip().endswith("/"):
+            return [" "]  # (self-closing: nothing to apply to)
+        if name == "sub":
+            alias = _ALIAS.search(attributes)
+            return [_Open(name, spoken=next(g for g in alias.groups() if g is not None))] if alias else [_Open(name)]
+        ph, alphabet = _PH.search(attributes), _ALPHABET.search(attributes)
+        ipa = next(g for g in ph.groups() if g is not None) if ph else None
+        if alphabet and alphabet.group(1).lower() != "ipa":
+            ipa = None  # (x-sampa and the rest: read the word)
+        return [_Open(name, ipa=ipa)]
     return [LINE_BREAK if name in _LINE_TAGS else " "]
 
 

@@ -276,6 +276,20 @@ async def _healthz(request: web.Request) -> web.Response:
     return web.json_response(body, status=200 if status == "ready" else 503, headers=headers)
 
 
+async def _voices(request: web.Request) -> web.Response:
+    """``GET /v1/voices``: every voice of every loaded engine the token may use: ``name``,
+    ``engine``, ``language`` (the voice config's; null when unknown), ``sample_rate`` (Hz), ``speakers``."""
+    worker = request.app[WORKER_KEY]
+    grant = worker.authorize(request)
+    voices = []
+    for name, engine in worker.engines.items():
+        if grant is not None and grant.engines is not None and name not in grant.engines:
+            continue
+        voices += [{"name": v["name"], "engine": name, "language": v["language"], "sample_rate": v["sample_rate"],
+                    "speakers": v["speakers"]} for v in engine.voice_catalogue()]
+    return web.json_response({"voices": voices})
+
+
 async def _livez(request: web.Request) -> web.Response:
     """Liveness: the process serves requests (also while starting, full or draining)."""
     return web.json_response({"status": "alive"})
@@ -317,6 +331,7 @@ def create_app(worker: Worker) -> web.Application:
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/livez", _livez)
     app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/v1/voices", _voices)
     app.router.add_get("/", _index)
     app.router.add_static("/static/", path=str(files("myna.web")), show_index=False)
     add_tts_stream(app, worker)  # GET /v1/tts/stream

@@ -9,11 +9,12 @@ in between the turn's ``turn_started`` and ``turn_done``.
 Follow one connection:
 
 1. The worker sends ``{"type": "ready", "engines", "engine", "voice", "sample_rate"}`` at once.
-2. The client may send ``{"type": "config", "engine"?, "voice"?, "sample_rate"?, "format"?}``
+2. The client may send ``{"type": "config", "engine"?, "voice"?, "sample_rate"?, "format"?, "speed"?}``
    before its first turn; it is answered with a new ``ready`` (or an ``error``, keeping the
    previous settings). ``sample_rate`` defaults to the engine's native rate (Piper: 22050 Hz).
    ``format`` ``pcm_mulaw`` / ``pcm_alaw`` sends G.711 at 8 kHz instead of s16le PCM
    (:class:`~myna.audio.encode.EncodingSink`: FFmpeg's encoders, one byte a sample).
+   ``speed`` (0.5 to 2.0) is the session's default pace; a turn's first ``text`` may carry its own.
 3. ``text`` / ``end_turn`` / ``interrupt`` as on the data channel, each parsed once
    (:func:`myna.messages.parse_message`) and handed to the session. Turns are sequential: a
    turn queued behind another gets its ``turn_started`` once the one before it is done, so
@@ -173,6 +174,7 @@ class StreamConnection:
         self.voice: str | None = worker.engines.voice_for(self.engine.name)
         self.sample_rate = self.engine.sample_rate
         self.format = "pcm_s16le"  # or G.711 (config.format)
+        self.speed: float | None = None  # the session's default pace (config.speed; None: 1.0)
         self.outbox = Outbox(ws)
         self.session: Session | None = None  # opened by the first turn message
         self._draining = False
@@ -228,7 +230,7 @@ class StreamConnection:
             sink = self.outbox if self.format == "pcm_s16le" else EncodingSink(self.outbox, FORMATS[self.format])
             self.session = self._worker.sessions.open(
                 self.engine, lambda s: UnpacedOutput.for_session(s, sink, self.sample_rate),
-                self._send, voice=self.voice)
+                self._send, voice=self.voice, speed=self.speed)
         self.session.handle(message)
 
     def drain(self) -> None:
@@ -260,6 +262,8 @@ class StreamConnection:
             self._error("bad_config", f'"{fmt}" is G.711: its "sample_rate" is {G711_RATE} Hz')
             return
         self.engine, self.voice, self.format = engine, voice, fmt
+        if config.speed is not None:
+            self.speed = config.speed
         self.sample_rate = config.sample_rate or (engine.sample_rate if fmt == "pcm_s16le" else G711_RATE)
         self.outbox.put_event(self.ready_event())
 
