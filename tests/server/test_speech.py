@@ -117,9 +117,9 @@ async def test_tokens_and_the_engine_a_token_may_use():
     w = worker()
     w.auth = Authenticator(KEY, SECRET)
     async with serve_in_process(w) as url:
-        expired = mint_token(KEY, SECRET, "bob", -datetime.timedelta(minutes=5))
+        expired = mint_token(KEY, SECRET, "bob", -datetime.timedelta(minutes=10))
         for token, error, code in (("garbage", openai.AuthenticationError, "bad_token"),
-                                   (expired, openai.AuthenticationError, "bad_token")):
+                                   (expired, openai.AuthenticationError, "token_expired")):
             with pytest.raises(error) as refused:
                 await client(url, token).audio.speech.create(model="tone", voice="alloy", input="hello")
             assert refused.value.body["code"] == code and refused.value.body["type"] == "authentication_error"
