@@ -340,11 +340,16 @@ class Session:
 
     def _end_input(self, turn: _Turn) -> None:
         if not turn.input_ended:
-            turn.input_ended = True
             rest = turn.entities.flush()
             if rest:
                 turn.stream.push_text(rest)
             turn.stream.end_input()
+        self._close_input(turn)
+
+    def _close_input(self, turn: _Turn) -> None:
+        """Take no more text for ``turn`` (later text: ``turn_ended``): its idle bound stops and
+        it is no longer its sender's open turn."""
+        turn.input_ended = True
         if turn.idle_timer is not None:
             turn.idle_timer.cancel()
             turn.idle_timer = None
@@ -372,6 +377,20 @@ class Session:
         for event in self._output.interrupt():
             self.on_output_event(event)
 
+    def _addressed_turn(self, turn_id: str) -> _Turn | None:
+        """The live turn a control message (``cancel``, ``commit``) names; None for one that has
+        ended (a message that crossed its ``turn_done``).
+
+        Raises:
+            BadMessage: ``unknown_turn``: no turn of this session ever had ``turn_id``.
+        """
+        if turn_id in self._past_turns:
+            return None
+        turn = self._turns.get(turn_id)
+        if turn is None:
+            raise BadMessage("unknown_turn", "no turn of this session has this turn_id")
+        return turn
+
     def cancel(self, turn_id: str) -> None:
         """Drop one turn, queued or playing: its synthesis stops, its audio not yet handed out
         is dropped, it ends with ``turn_done`` ``"interrupted": true``; the other turns go on.
@@ -380,17 +399,10 @@ class Session:
         Raises:
             BadMessage: ``unknown_turn``: no turn of this session ever had ``turn_id``.
         """
-        if turn_id in self._past_turns:
-            return
-        turn = self._turns.get(turn_id)
+        turn = self._addressed_turn(turn_id)
         if turn is None:
-            raise BadMessage("unknown_turn", "no turn of this session has this turn_id")
-        turn.input_ended = True  # (text for it now: turn_ended)
-        if turn.idle_timer is not None:
-            turn.idle_timer.cancel()
-            turn.idle_timer = None
-        if self._open_turns.get(turn.sender) == turn_id:
-            del self._open_turns[turn.sender]
+            return
+        self._close_input(turn)  # (text for it now: turn_ended)
         turn.stream.cancel()  # synthesis stops now, whenever the output ends the turn
         for event in self._output.cancel(turn_id):
             self.on_output_event(event)
@@ -403,12 +415,8 @@ class Session:
         Raises:
             BadMessage: ``unknown_turn``: no turn of this session ever had ``turn_id``.
         """
-        if turn_id in self._past_turns:
-            return
-        turn = self._turns.get(turn_id)
-        if turn is None:
-            raise BadMessage("unknown_turn", "no turn of this session has this turn_id")
-        if turn.prepared:
+        turn = self._addressed_turn(turn_id)
+        if turn is not None and turn.prepared:
             turn.prepared = False
             if turn.prepare_timer is not None:
                 turn.prepare_timer.cancel()
