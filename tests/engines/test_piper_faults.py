@@ -8,23 +8,13 @@ import asyncio
 import json
 
 import pytest
-import pytest_asyncio
 
 from inprocess import ToneEngine, collect, paced_session
 from myna.engines import AudioChunk, EngineError, ErrorEvent, FallbackEvent, WordEvent
 from myna.engines.fallback import FallbackEngine
-from myna.engines.piper import PiperEngine
 from myna.metrics import Metrics
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def engine():
-    e = PiperEngine(workers=1)
-    await e.start()
-    yield e
-    await e.close()
 
 
 @pytest.fixture

@@ -5,26 +5,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import pytest_asyncio
 import soxr
 
 from myna.engines import AudioChunk, ErrorEvent, WordEvent
 from myna.engines.base import SynthesisStream
-from myna.engines.piper import PiperEngine
 from myna.text import lexicon
 from myna.text.intake import TextIntake
 
 from inprocess import collect
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def engine():
-    e = PiperEngine(workers=1)
-    await e.start()
-    yield e
-    await e.close()
 
 
 async def spoken(engine, whisper, text: str) -> tuple[str, list[str]]:

@@ -6,11 +6,9 @@ from __future__ import annotations
 import jiwer
 import numpy as np
 import pytest
-import pytest_asyncio
 import soxr
 
 from myna.engines import AudioChunk, EngineError, WordEvent
-from myna.engines.piper import PiperEngine
 
 from inprocess import collect
 
@@ -20,14 +18,6 @@ SENTENCES = ["Your table for four is booked for Friday evening at the river rest
              "Please bring your confirmation email and arrive ten minutes early.",
              "The doctor can see you on Monday morning, or later in the week if you prefer.",
              "I have sent the new password to your phone, so you can sign in again now."]
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def engine():
-    e = PiperEngine(workers=1)
-    await e.start()
-    yield e
-    await e.close()
 
 
 async def speak(engine, text: str, speed: float) -> tuple[np.ndarray, list[float]]:

@@ -8,10 +8,9 @@ import asyncio
 
 import numpy as np
 import pytest
-import pytest_asyncio
 
 from myna.engines import AudioChunk, ErrorEvent, WordEvent
-from myna.engines.piper import STRATEGIES, PiperEngine, PiperStream
+from myna.engines.piper import STRATEGIES, PiperStream
 
 from inprocess import ManualTimer, collect
 
@@ -21,14 +20,6 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 PAUSE_MS = 120
 #: Silence: 5 ms windows below -50 dBFS RMS.
 _QUIET_RMS, _HOP_MS = 10 ** (-50 / 20), 5
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def engine():
-    e = PiperEngine(workers=1)
-    await e.start()
-    yield e
-    await e.close()
 
 
 async def run(stream, chunks, end: bool = True, timeout: float = 60.0):
