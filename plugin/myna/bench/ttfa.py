@@ -289,7 +289,7 @@ class Heard:
     underruns: int | None
     audio_ms: float | None
     errors: int
-    arrival_ms: float | None = None  # (None from a client that does not record arrivals)
+    arrival_ms: float | None = None  # (None: silent, as perceived_ms)
     pcm: np.ndarray | None = field(default=None, repr=False)
 
     @classmethod
@@ -299,7 +299,7 @@ class Heard:
         gaps = done.get("gap_ms")
         return cls(text, result.perceived_ttfa_ms, result.server_ttfa_ms, first.get("pre_roll_ms"),
                    gaps["total"] if isinstance(gaps, dict) else None, done.get("underruns"), done.get("audio_ms"),
-                   sum(e["type"] == "error" for e in result.events), getattr(result, "arrival_ttfa_ms", None), result.pcm)
+                   sum(e["type"] == "error" for e in result.events), result.arrival_ttfa_ms, result.pcm)
 
 
 def summarise(turns: list[Heard]) -> dict:
