@@ -181,7 +181,7 @@ async def _cpu(host: "_Host", node, path: str, sessions: int, window: float) -> 
         await asyncio.gather(*(c.__aexit__(None, None, None) for c in clients), return_exceptions=True)
     process = after["process_s"] - before["process_s"]
     synthesis = after["synthesis_s"] - before["synthesis_s"]
-    native = after["native_s"] - before["native_s"]
+    native = _grown(before["native_threads_s"], after["native_threads_s"])
     speaking = sessions * (after["at"] - before["at"])
     row = {"sessions": sessions, "window_s": round(after["at"] - before["at"], 2),
            "process_cpu_s": round(process, 3), "synthesis_cpu_s": round(synthesis, 3),
@@ -283,7 +283,7 @@ def serve_both(argv: list[str] | None = None) -> int:
             tails = [ms for output in outputs for ms in output.interrupt_tails_ms]
             return web.json_response({"registered": state["registered"] and worker.ready, "at": time.monotonic(),
                                       "process_s": time.process_time(), "synthesis_s": _threads_cpu("piper"),
-                                      "native_s": _native_threads_cpu(),
+                                      "native_threads_s": _native_threads_cpu(),
                                       "room_interrupt_tails_ms": tails,
                                       "room_source_gaps": sum(output.source_gaps for output in outputs)})
 
@@ -315,14 +315,22 @@ def _threads_cpu(prefix: str) -> float:
     return sum(_thread_cpu(t.native_id) for t in threading.enumerate() if t.name.startswith(prefix) and t.native_id)
 
 
-def _native_threads_cpu() -> float:
-    """CPU seconds of this process's named native threads: those Python did not start and that
-    named themselves (libwebrtc's ``AudioEncoderQueue``, ``network_thread``…, tokio's workers);
-    unnamed ones (e.g. onnxruntime's pool) keep the process's name and are left out."""
+def _native_threads_cpu() -> dict[str, float]:
+    """CPU seconds by thread id (a string: JSON keys) of this process's named native threads:
+    those Python did not start and that named themselves (libwebrtc's ``AudioEncoderQueue``,
+    ``network_thread``…, tokio's workers); unnamed ones (e.g. onnxruntime's pool) keep the
+    process's name and are left out."""
     python = {t.native_id for t in threading.enumerate()}
     own_name = _thread_comm(os.getpid())
-    return sum(_thread_cpu(int(tid)) for tid in os.listdir("/proc/self/task")
-               if int(tid) not in python and _thread_comm(int(tid)) not in (own_name, None))
+    return {tid: _thread_cpu(int(tid)) for tid in os.listdir("/proc/self/task")
+            if int(tid) not in python and _thread_comm(int(tid)) not in (own_name, None)}
+
+
+def _grown(before: dict[str, float], after: dict[str, float]) -> float:
+    """CPU seconds threads spent between two :func:`_native_threads_cpu` readings: each live
+    thread's growth (a thread that ended took its count with it: summing the totals would go
+    down; one that started counts whole)."""
+    return sum(max(0.0, cpu - before.get(tid, 0.0)) for tid, cpu in after.items())
 
 
 def _thread_comm(tid: int) -> str | None:

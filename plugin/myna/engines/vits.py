@@ -56,6 +56,18 @@ PACE_STEPS = 3
 _PEAK_FLOOR = 1e-3
 
 
+def _seed_noise(model, seed: int) -> None:
+    """Give each random node of ``model`` its own seed (onnxruntime seeds the node's generator
+    once per session from it; each run draws on from there)."""
+    import onnx
+
+    randoms = [n for n in model.graph.node if n.op_type.startswith("Random")]
+    for i, node in enumerate(randoms):
+        kept = [a for a in node.attribute if a.name != "seed"]
+        del node.attribute[:]
+        node.attribute.extend([*kept, onnx.helper.make_attribute("seed", float(seed + i))])
+
+
 @dataclass
 class Latent:
     """One unit's latent, as :meth:`SplitVoice.encode` made it (fields are the voice's).
@@ -85,6 +97,9 @@ class SplitVoice:
         config_path: its ``.onnx.json``.
         threads: onnxruntime intra-op threads per stage (1: leave the other cores to the pacer
             and to other jobs).
+        seed: seeds the graph's noise generators (its ``RandomNormalLike`` nodes): the voice then
+            renders the same sequence of texts the same way in every process (tests, A/B
+            listening). None: a fresh draw every start, as Piper does.
 
     Attributes:
         sample_rate: Hz.
@@ -94,7 +109,7 @@ class SplitVoice:
             cannot be normalised by its unit's peak, which is not known yet.
     """
 
-    def __init__(self, model_path: str | Path, config_path: str | Path, threads: int = 1):
+    def __init__(self, model_path: str | Path, config_path: str | Path, threads: int = 1, seed: int | None = None):
         import onnx
         import onnxruntime as ort
         from piper.config import PiperConfig
@@ -102,6 +117,8 @@ class SplitVoice:
         from piper.voice import PiperVoice
 
         model = onnx.load(str(model_path))
+        if seed is not None:
+            _seed_noise(model, seed)
         self._durations = add_alignment_output(model)  # frames per phoneme id (the Ceil of the durations)
         with open(config_path, encoding="utf-8") as f:
             self.config = PiperConfig.from_dict(json.load(f))
