@@ -75,8 +75,8 @@ def uninstalled():
 def worker(start_worker):
     """One worker (embedded voice) shared by the end-to-end tests."""
     # The whole suite connects from 127.0.0.1: no per-client limits, and a session cap that is
-    # not measured on a busy machine.
-    return start_worker("--peer-timeout", "3", "--offer-rate", "0", "--max-sessions-per-client", "0", "--max-sessions", "32")
+    # not measured on a busy machine. The voice's noise is seeded: Whisper hears the same takes.
+    return start_worker("--piper-seed", "0", "--peer-timeout", "3", "--offer-rate", "0", "--max-sessions-per-client", "0", "--max-sessions", "32")
 
 
 @pytest.fixture(scope="session")

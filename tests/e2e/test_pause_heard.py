@@ -25,7 +25,7 @@ def _words(text: str) -> list[str]:
 
 
 async def test_pause_then_resume_is_heard_once_with_the_cut_word_whole(whisper):
-    engines = build_engines(EngineOptions(engines="piper", phrase_cache_mb=0.0))
+    engines = build_engines(EngineOptions(engines="piper", phrase_cache_mb=0.0, piper_seed=0))
     await engines.start()
     now = [0.0]
     sent: list = []

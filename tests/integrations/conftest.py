@@ -16,7 +16,7 @@ async def engine():
     (``pytest.mark.asyncio(loop_scope="module")``): the engine's executor hands results back
     on the loop that submitted a job, so it must not outlive that loop.
     """
-    e = PiperEngine(workers=1)
+    e = PiperEngine(workers=1, seed=0)
     await e.start()
     yield e
     await e.close()

@@ -61,7 +61,7 @@ async def engine():
     """The embedded Piper voice, loaded once per module on the module's loop."""
     from myna.engines.piper import PiperEngine
 
-    e = PiperEngine(workers=1)
+    e = PiperEngine(workers=1, seed=0)
     await e.start()
     yield e
     await e.close()
