@@ -2,13 +2,19 @@
 speaking in a pipeline; heard by the bundled Whisper tiny.en. Loopback only.
 
 Pipecat's ``OpenAITTSService`` (``pipecat.services.openai.tts``) accepts only OpenAI's voice
-names and its default model ``gpt-4o-mini-tts``: both mean the worker's defaults. LiveKit Agents'
-OpenAI plug-in (``livekit-plugins-openai``) is not installed here, so it is not driven.
+names and its default model ``gpt-4o-mini-tts``: both mean the worker's defaults.
+
+LiveKit Agents' OpenAI plug-in (``livekit-plugins-openai``) speaks in a real ``AgentSession``
+(no room, no LLM: ``session.say``), its audio output a recorder. It asks for
+``stream_format: "sse"`` with every model but ``tts-1``/``tts-1-hd`` (its default is
+``gpt-4o-mini-tts`` and mp3), and for the plain audio body with those two; both are driven.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
+import time
 
 import jiwer
 import numpy as np
@@ -16,6 +22,7 @@ import pytest
 import soxr
 
 pytest.importorskip("pipecat")
+pytest.importorskip("livekit.plugins.openai")
 
 from pipecat.frames.frames import (  # noqa: E402
     ErrorFrame,
@@ -29,15 +36,26 @@ from pipecat.frames.frames import (  # noqa: E402
 from pipecat.pipeline.worker import PipelineParams  # noqa: E402
 from pipecat.services.openai.tts import OpenAITTSService  # noqa: E402
 from pipecat.tests.utils import run_test  # noqa: E402
+from livekit import rtc  # noqa: E402
+from livekit.agents import Agent, AgentSession  # noqa: E402
+from livekit.agents.voice import io as lk_io  # noqa: E402
+from livekit.plugins import openai as lk_openai  # noqa: E402
 
 pytestmark = pytest.mark.network
 
 RATE = 24_000  # OpenAI's pcm
 REPLY = "Sure, I can help with that. Your order ships on Friday, and the tracking number comes by email."
 
+OTHER = "Thanks for waiting. I found your booking, and the table for four is ready at seven tonight."
+
 
 def _words(text: str) -> str:
     return " ".join(re.sub(r"[^a-z0-9' ]", " ", text.lower()).split())
+
+
+def _heard(whisper, pcm: np.ndarray, rate: int) -> str:
+    segments, _ = whisper.transcribe(soxr.resample(pcm, rate, 16_000), beam_size=1, language="en", vad_filter=False)
+    return " ".join(s.text for s in segments)
 
 
 async def test_pipecat_openai_tts_service_speaks_through_myna(worker, whisper):
@@ -52,5 +70,69 @@ async def test_pipecat_openai_tts_service_speaks_through_myna(worker, whisper):
     assert {f.sample_rate for f in audio} == {RATE} and len(audio) > 2
     pcm = np.frombuffer(b"".join(f.audio for f in audio), dtype="<i2").astype(np.float32) / 32768
     assert 3 < len(pcm) / RATE < 12
-    segments, _ = whisper.transcribe(soxr.resample(pcm, RATE, 16_000), beam_size=1, language="en", vad_filter=False)
-    assert jiwer.wer(_words(REPLY), _words(" ".join(s.text for s in segments))) <= 0.1
+    assert jiwer.wer(_words(REPLY), _words(_heard(whisper, pcm, RATE))) <= 0.1
+
+
+class RecordingOutput(lk_io.AudioOutput):
+    """An ``AgentSession``'s audio output that keeps every frame and "plays" it at once."""
+
+    def __init__(self):
+        super().__init__(label="recorder", capabilities=lk_io.AudioOutputCapabilities(pause=False))
+        self.frames: list[rtc.AudioFrame] = []
+        self._pushed_s = 0.0
+
+    async def capture_frame(self, frame: rtc.AudioFrame) -> None:
+        await super().capture_frame(frame)
+        if not self._pushed_s:
+            self.on_playback_started(created_at=time.time())
+        self.frames.append(frame)
+        self._pushed_s += frame.duration
+
+    def flush(self) -> None:
+        super().flush()
+        self.on_playback_finished(playback_position=self._pushed_s, interrupted=False)
+
+    def clear_buffer(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("model, fmt", [("gpt-4o-mini-tts", "mp3"), ("tts-1", "pcm")],
+                         ids=["sse-mp3-default", "audio-pcm"])
+async def test_livekit_openai_tts_plugin_speaks_in_an_agent_session_through_myna(worker, whisper, model, fmt):
+    tts = lk_openai.TTS(base_url=worker.url + "/v1", api_key="no-key-needed", model=model, response_format=fmt)
+    errors = []
+    tts.on("error", errors.append)
+    session = AgentSession(tts=tts)
+    output = RecordingOutput()
+    session.output.audio = output
+    await session.start(Agent(instructions="Read replies aloud."), record=False)
+    try:
+        handle = session.say(REPLY)
+        await asyncio.wait_for(handle.wait_for_playout(), 60)
+        assert not handle.interrupted
+    finally:
+        await session.aclose()
+        await tts.aclose()
+    assert errors == []
+    assert len(output.frames) > 2 and {f.sample_rate for f in output.frames} == {RATE}
+    pcm = np.concatenate([np.frombuffer(f.data, np.int16) for f in output.frames]).astype(np.float32) / 32768
+    assert 3 < len(pcm) / RATE < 12
+    assert jiwer.wer(_words(REPLY), _words(_heard(whisper, pcm, RATE))) <= 0.1
+
+
+async def test_livekit_openai_tts_plugin_synthesize_streams_through_myna(worker, whisper):
+    """The plug-in's public ``synthesize`` (what the session's stream adapter calls per
+    sentence): audio frames arrive as the worker streams them, the first long before the last.
+    (A text of its own: the worker's phrase cache would hand a text spoken before back at once.)"""
+    tts = lk_openai.TTS(base_url=worker.url + "/v1", api_key="no-key-needed")
+    arrivals, frames = [], []
+    try:
+        async with tts.synthesize(OTHER) as stream:
+            async for event in stream:
+                arrivals.append(time.monotonic())
+                frames.append(event.frame)
+    finally:
+        await tts.aclose()
+    pcm = np.concatenate([np.frombuffer(f.data, np.int16) for f in frames]).astype(np.float32) / 32768
+    assert len(frames) > 2 and arrivals[-1] - arrivals[0] > 0.3, arrivals  # streamed, not one piece at the end
+    assert jiwer.wer(_words(OTHER), _words(_heard(whisper, pcm, RATE))) <= 0.1

@@ -8,6 +8,7 @@ here the tone engine's known durations tell whether every format carries all the
 from __future__ import annotations
 
 import asyncio
+import base64
 import datetime
 import io
 import json
@@ -97,6 +98,25 @@ async def test_streamed_response_comes_in_pieces_as_synthesised():
     assert len(chunks) > 1 and len(b"".join(chunks)) == 40 * 24 * int(WORD_MS) * 2
 
 
+@pytest.mark.parametrize("fmt", ["pcm", "mp3"])
+async def test_sse_stream_carries_the_audio_in_speech_audio_delta_events(fmt):
+    """``stream_format: "sse"`` (OpenAI's events, which LiveKit Agents' OpenAI plug-in asks for):
+    base64 pieces of the encoded audio in ``speech.audio.delta`` events, then ``speech.audio.done``."""
+    async with serve_in_process(worker()) as url:
+        async with client(url).audio.speech.with_streaming_response.create(
+                model="gpt-4o-mini-tts", voice="ash", input="one two three four five", response_format=fmt,
+                stream_format="sse") as response:
+            assert response.headers["Content-Type"] == "text/event-stream"
+            lines = [line async for line in response.iter_lines() if line]
+    events = [json.loads(line.removeprefix("data: ")) for line in lines]
+    assert all(line.startswith("data: ") for line in lines)
+    assert [e["type"] for e in events] == ["speech.audio.delta"] * (len(events) - 1) + ["speech.audio.done"]
+    assert len(events) > 2  # streamed in pieces, not one event
+    data = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
+    seconds = len(data) / 2 / 24_000 if fmt == "pcm" else decoded_seconds(data)[0]
+    assert abs(seconds - 5 * WORD_MS / 1000) < 0.06
+
+
 async def test_models_list_the_engines_and_a_token_sees_its_own():
     w = worker()
     w.auth = Authenticator(KEY, SECRET)
@@ -149,7 +169,7 @@ async def test_bad_requests_get_openai_errors_naming_the_field():
             (dict(model="tone", voice="alloy", input="x" * 51), 400, "input", "turn_too_long"),
             (dict(model="tone", voice="alloy", input="..."), 400, "input", "nothing_to_speak"),
             (dict(model="tone", voice="alloy", input="Привет мир"), 400, "input", "unsupported_language"),
-            (dict(model="tone", voice="alloy", input="hi", extra_body={"stream_format": "sse"}), 400,
+            (dict(model="tone", voice="alloy", input="hi", extra_body={"stream_format": "chunks"}), 400,
              "stream_format", "unsupported_stream_format"),
         ]
         for kwargs, status, param, code in cases:

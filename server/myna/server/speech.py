@@ -22,7 +22,12 @@ The request body (JSON):
 - ``speed``: 1.0 only (0.25–4.0 is OpenAI's range; Myna's engines speak at their own pace, so
   any other value is refused with 400 ``unsupported_speed`` rather than ignored).
 - ``instructions`` (``gpt-4o-mini-tts``'s style prompt): accepted and ignored.
-- ``stream_format``: ``audio`` only (``sse`` is 400 ``unsupported_stream_format``).
+- ``stream_format``: ``audio`` (the default: the encoded audio is the body) or ``sse`` (OpenAI's
+  server-sent events, ``text/event-stream``: each encoded piece is one ``speech.audio.delta``
+  event, ``{"type", "audio"}`` with the bytes in base64, and a ``speech.audio.done`` event ends
+  the stream; OpenAI offers ``sse`` with ``gpt-4o-mini-tts``, and LiveKit Agents' OpenAI plug-in
+  asks for it with every model but ``tts-1``/``tts-1-hd``). Anything else is 400
+  ``unsupported_stream_format``.
 
 Requests pass the worker's token check (``Authorization: Bearer``, which is how OpenAI's
 client sends its ``api_key``) and its session admission (sessions at once, per client, and the
@@ -36,6 +41,7 @@ part of the turn that could not be spoken is left out, as on every door).
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import math
@@ -59,6 +65,8 @@ OPENAI_MODELS = frozenset({"tts-1", "tts-1-hd", "gpt-4o-mini-tts"})
 #: OpenAI's voice names: each means the engine's default voice (Myna has no voice of that name).
 OPENAI_VOICES = frozenset({"alloy", "ash", "ballad", "coral", "echo", "fable", "onyx", "nova", "sage",
                            "shimmer", "verse", "marin", "cedar"})
+#: The response's type for ``stream_format: "sse"``.
+SSE_CONTENT_TYPE = "text/event-stream"
 #: OpenAI's ``response_format`` default.
 DEFAULT_FORMAT = "mp3"
 #: PCM a response may have queued but unwritten before it is cut off (s16 bytes; as the WebSocket).
@@ -137,9 +145,10 @@ class SpeechRequest:
             raise SpeechError(400, "unsupported_speed", "Myna's engines speak at their own pace: only speed 1.0 "
                                                         "is supported", "speed")
         stream_format = body.get("stream_format", "audio")
-        if stream_format not in (None, "audio"):
-            raise SpeechError(400, "unsupported_stream_format", '"stream_format" must be "audio" (no "sse")',
+        if stream_format not in (None, "audio", "sse"):
+            raise SpeechError(400, "unsupported_stream_format", '"stream_format" must be "audio" or "sse"',
                               "stream_format")
+        self.sse = stream_format == "sse"
         instructions = body.get("instructions")
         if instructions is not None and not isinstance(instructions, str):
             raise SpeechError(400, "bad_request", '"instructions" must be a string', "instructions")
@@ -155,6 +164,7 @@ class SpeechTurn:
     def __init__(self, worker, request: SpeechRequest, engine, voice: str | None):
         self._worker = worker
         self._fmt = request.fmt
+        self._sse = request.sse
         self._items: deque[bytes] = deque()
         self._queued = 0
         self._overflowed = False
@@ -216,11 +226,15 @@ class SpeechTurn:
                     data = encoder.encode(pcm)
                 if data:
                     if response is None:
-                        response = web.StreamResponse(headers={"Content-Type": self._fmt.content_type})
+                        content_type = SSE_CONTENT_TYPE if self._sse else self._fmt.content_type
+                        response = web.StreamResponse(headers={"Content-Type": content_type})
                         response.enable_chunked_encoding()
                         await response.prepare(request)
-                    await response.write(data)
+                    await response.write(_sse_event("speech.audio.delta", audio=base64.b64encode(data).decode())
+                                         if self._sse else data)
                 if last:
+                    if response is not None and self._sse:
+                        await response.write(_sse_event("speech.audio.done"))
                     break
             if response is None:
                 return self._refusal()
@@ -242,6 +256,11 @@ class SpeechTurn:
         status = 503 if error.code == "draining" else 400 if error.code in _CLIENT_CODES else 500
         return openai_error(status, error.code, error.message, "input" if status == 400 else None,
                             30 if status == 503 else None)
+
+
+def _sse_event(kind: str, **fields) -> bytes:
+    """One server-sent event of OpenAI's speech stream: ``data: {"type": kind, ...}``."""
+    return b"data: " + json.dumps({"type": kind, **fields}).encode() + b"\n\n"
 
 
 # -- HTTP layer --------------------------------------------------------------------------
