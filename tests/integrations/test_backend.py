@@ -102,3 +102,61 @@ async def test_a_remote_turn_coalesces_tokens_and_the_worker_speaks_every_word(m
     assert len(texts) <= elapsed / backend_module.COALESCE_S + 2, (len(texts), elapsed)
     assert [m["type"] for m in sent][-1] == "end_turn"
     assert [w.rstrip(".") for w in words] == re.findall(r"word\d+", text)
+
+
+async def test_cancel_sends_cancel_for_its_own_turn_and_frees_the_connection_even_before_any_text_went_out(
+        monkeypatch):
+    """``Turn.cancel`` is the contract's ``cancel {turn_id}`` (that turn only), never the
+    session-wide ``interrupt``; a turn cancelled before its first coalesced text went out (the
+    worker answers ``unknown_turn``) frees its connection too, instead of waiting for a
+    ``turn_done`` that cannot come."""
+    from inprocess import ToneEngine
+    from myna.integrations import backend as backend_module
+    from myna.limits import Limits
+    from myna.server.app import Worker
+    from myna.bench.soak import serve_in_process
+
+    sent: list[dict] = []
+    real_send = backend_module._Connection.send
+
+    async def recording_send(self, message):
+        sent.append(message)
+        await real_send(self, message)
+
+    async def idle_again(backend) -> bool:
+        for _ in range(100):
+            if backend._idle:
+                return True
+            await asyncio.sleep(0.02)
+        return False
+
+    monkeypatch.setattr(backend_module._Connection, "send", recording_send)
+    w = Worker(engines={"tone": ToneEngine()}, limits=Limits(max_sessions_per_client=None, offer_rate=None))
+    async with serve_in_process(w) as url:
+        backend = RemoteBackend(url, credentials=None)
+        await backend.start()
+        try:
+            turn = await backend.open_turn()  # mid-speech
+            await turn.push_text(" ".join(["word"] * 200) + ".")
+            await turn.end_input()
+            async for item in turn:
+                if isinstance(item, Audio):
+                    break
+            await turn.cancel()
+            assert await idle_again(backend)
+            assert sent[-1] == {"type": "cancel", "turn_id": turn.turn_id}
+
+            turn = await backend.open_turn()  # before its text left
+            await turn.push_text("Never sent.")
+            await turn.cancel()
+            assert [item async for item in turn] == []
+            assert await idle_again(backend)  # the worker's unknown_turn ended it
+
+            turn = await backend.open_turn()
+            await turn.push_text("Next.")
+            await turn.end_input()
+            assert b"".join([i.pcm async for i in turn if isinstance(i, Audio)])
+            assert len(backend._all) == 1  # one connection throughout
+        finally:
+            await backend.aclose()
+    assert "interrupt" not in {m["type"] for m in sent}

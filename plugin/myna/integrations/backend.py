@@ -4,8 +4,9 @@ Both plug-ins (:mod:`myna.integrations.pipecat`, :mod:`myna.integrations.livekit
 :class:`Backend`, which opens one :class:`Turn` per utterance. A turn takes text as the LLM
 writes it (:meth:`Turn.push_text`, :meth:`Turn.end_input`), and yields :class:`Audio`
 (s16le mono PCM at :attr:`Backend.sample_rate`), :class:`Word` and :class:`Notice` items as
-they exist; :meth:`Turn.cancel` drops it at once (barge-in). A turn with nothing speakable in
-it (``"👍"``, ``"..."``) ends with no items and no error.
+they exist; :meth:`Turn.cancel` drops it at once (barge-in, or a reply thrown away) with the
+contract's ``cancel {turn_id}``, which stops that one turn and nothing else of its session. A
+turn with nothing speakable in it (``"👍"``, ``"..."``) ends with no items and no error.
 
 Both backends are doors to the same core: a turn is a turn of a :class:`~myna.session.Session`,
 and its items are made from the session's contract events by one class (:class:`_EventTurn`),
@@ -45,7 +46,7 @@ from myna.errors import MynaError
 from myna.events import Error, Event, Fallback, FirstAudio, TurnDone, TurnStarted, decode_event
 from myna.events import Word as WordEvent
 from myna.limits import Limits
-from myna.messages import EndTurn, Text
+from myna.messages import Cancel, EndTurn, Text
 from myna.session import Session
 from myna.sessions import Sessions
 from myna.text.scripts import LATIN
@@ -113,7 +114,8 @@ class Turn(abc.ABC):
 
     @abc.abstractmethod
     async def cancel(self) -> None:
-        """Drop the turn now; iteration ends without further items (idempotent)."""
+        """Drop the turn now (``cancel {turn_id}`` to its session: that turn only); iteration
+        ends without further items (idempotent)."""
 
     @abc.abstractmethod
     def __aiter__(self) -> AsyncIterator[TurnItem]:
@@ -245,10 +247,14 @@ class _EventTurn(Turn):
             self._done = True
             self._finished()  # nothing in the session to stop
             return
-        await self._interrupt()  # the session answers with turn_done (interrupted)
+        await self._cancel_in_session()
 
-    async def _interrupt(self) -> None:
-        """Barge-in on the turn's session."""
+    async def _cancel_in_session(self) -> None:
+        """Send ``cancel {turn_id}`` to the turn's session: it answers with the turn's
+        ``turn_done`` (interrupted), or with ``error`` ``unknown_turn`` if none of the turn's
+        text had reached it; either ends the turn here (:meth:`_event`) and frees the session.
+        Only this turn is touched, never another turn of the session (``interrupt`` would drop
+        them all)."""
 
     def _finished(self) -> None:
         """The turn is over: its session is free for the next turn."""
@@ -367,8 +373,8 @@ class _LocalTurn(_EventTurn):
             self._sent_any = True
             self._local.session.handle(EndTurn(self.turn_id))
 
-    async def _interrupt(self) -> None:
-        self._local.session.interrupt()
+    async def _cancel_in_session(self) -> None:
+        self._local.session.handle(Cancel(self.turn_id))
 
     def _finished(self) -> None:
         self._local.finish(self)
@@ -666,15 +672,15 @@ class _RemoteTurn(_EventTurn):
         finally:
             self._moving = None
 
-    async def _interrupt(self) -> None:
+    async def _cancel_in_session(self) -> None:
         self._pending = ""
         if self._sender is not None:
             self._sender.cancel()
             await asyncio.gather(self._sender, return_exceptions=True)
-        try:
-            await self._conn.send({"type": "interrupt"})
+        try:  # (if the sender was stopped before its first message, the worker answers unknown_turn)
+            await self._send({"type": "cancel", "turn_id": self.turn_id})
         except MynaError:
-            pass
+            self._close()  # the connection is gone: nothing left to stop
 
     def _finished(self) -> None:
         self._conn.finish(self)

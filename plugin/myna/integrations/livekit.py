@@ -24,8 +24,17 @@ How it meets the ``tts.TTS`` contract (livekit-agents 1.x, ``livekit/agents/tts/
   ``_mark_started``, ``_synthesize_with_stream``) are the framework's hooks for TTS subclasses,
   not internals: ``tts.SynthesizeStream`` has no public way to read the pushed text, and every
   TTS plug-in of livekit-agents is written against these same names.
-- Barge-in: ``aclose()`` on the stream cancels ``_run``; the Myna turn is cancelled with it
-  (remote: ``interrupt`` on the turn's WebSocket, whose connection then goes back to the pool).
+- Barge-in and thrown-away replies: ``aclose()`` on a stream (or a ``ChunkedStream`` from
+  :meth:`TTS.synthesize`) cancels ``_run``, which is how the framework drops a reply on an
+  interruption and a preemptive generation (``preemptive_tts``) whose user turn went on; the
+  stream's Myna turn is cancelled with it by ``cancel {turn_id}``, which stops that turn only:
+  other streams of the same ``TTS`` (each segment is its own turn, on its own session) play on.
+  Remotely the turn's connection then goes back to the pool.
+- Pause and resume (``resume_false_interruption``): the framework pauses its *audio output*
+  (``io.AudioOutput.pause``/``resume``, where ``can_pause``), downstream of the TTS, which is not
+  told; the TTS has handed its audio over already. So Myna's ``pause``/``resume`` are not used
+  here: the framework's own pause applies, and resumes from the paused sample, not from the
+  start of the cut word.
 - Segments with nothing to say (``"..."``, ``":)"``, ``"**"``, emoji, markup): the framework
   raises "no audio frames were pushed" for a segment whose text is not blank but which gave no
   audio, and retries it, and an agent session closes after a few such errors. Nothing to say is

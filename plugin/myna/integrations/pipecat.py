@@ -26,9 +26,12 @@ How it meets Pipecat's ``TTSService`` contract (pipecat-ai 1.x, ``services/tts_s
   stops it at the context's first audio frame; :meth:`can_generate_metrics` is True, so with
   ``PipelineParams(enable_metrics=True)`` a ``MetricsFrame`` with ``TTFBMetricsData`` goes out.
 - **Barge-in.** On ``InterruptionFrame`` the base calls :meth:`on_audio_context_interrupted`
-  for every open context, also one that has produced no audio yet: the Myna turn is cancelled
-  (remote: ``interrupt`` on its WebSocket) and its receive task stopped, so no audio of the old
-  context is appended afterwards; anything late is dropped because the context is gone. A turn
+  for every open *interruptible* context, also one that has produced no audio yet: that
+  context's Myna turn is cancelled with ``cancel {turn_id}`` (that turn only) and its receive
+  task stopped, so no audio of the old context is appended afterwards; anything late is dropped
+  because the context is gone. Each audio context is its own Myna turn (on its own session), so
+  several are synthesised at once, and a context Pipecat keeps through the interruption (an
+  uninterruptible one: ``TTSSpeakFrame(..., interruptible=False)``) plays on to its end. A turn
   whose context had already gone quiet (the base closes a context after ``stop_frame_timeout_s``
   without audio) is cancelled too.
 - **Replies with nothing to say.** The base opens an audio context (``TTSStartedFrame``) for
