@@ -165,3 +165,47 @@ async def test_a_segment_in_another_script_is_no_error_and_the_rest_is_spoken(my
         await tts.aclose()
     assert errors == []
     assert sum("unsupported_language" in r.getMessage() and "Cyrillic" in r.getMessage() for r in caplog.records) == 2
+
+
+# -- issue 26: a closed stream cancels its own turn only ----------------------------------------
+
+LONG = " ".join([FIRST, SECOND] * 8)
+OTHER = "Thanks for waiting, I found your booking and the table is ready."
+
+
+@pytest.mark.parametrize("closed", ["stream", "chunked"])
+async def test_closing_one_stream_cancels_its_turn_only_and_the_other_in_flight_plays_whole(myna_kwargs, closed):
+    """How the framework throws away a reply (an interruption, a preemptive generation whose
+    user went on): ``aclose()`` on its ``SynthesizeStream`` or ``ChunkedStream``. Another stream
+    of the same TTS, in flight at the same time, is heard whole; the closed one stops."""
+    tts = myna_livekit.TTS(**myna_kwargs)
+    try:
+        reference = await asyncio.wait_for(tts.synthesize(OTHER).collect(), 60)
+
+        if closed == "stream":
+            doomed = tts.stream()
+            for t in tokens(LONG):
+                doomed.push_text(t)
+            doomed.end_input()
+        else:
+            doomed = tts.synthesize(LONG)
+        kept = tts.stream()
+        for t in tokens(OTHER):
+            kept.push_text(t)
+        kept.end_input()
+        async with asyncio.timeout(60):
+            first_doomed = await doomed.__anext__()
+            kept_events = [await kept.__anext__()]  # both in flight
+        assert first_doomed.frame.samples_per_channel > 0
+        await doomed.aclose()
+        async with asyncio.timeout(60):
+            kept_events += [ev async for ev in kept]
+        await kept.aclose()
+        with pytest.raises(StopAsyncIteration):  # nothing more of the closed one
+            await doomed.__anext__()
+        again = await asyncio.wait_for(tts.synthesize(FIRST).collect(), 60)  # the TTS keeps working
+    finally:
+        await tts.aclose()
+    kept_s = len(pcm_of(kept_events)) / tts.sample_rate
+    assert kept_s > 0.9 * reference.duration, (kept_s, reference.duration)
+    assert again.duration > 0.8

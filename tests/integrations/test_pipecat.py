@@ -334,3 +334,64 @@ async def test_a_frozen_worker_is_an_error_frame_within_the_heartbeat_and_the_ne
     assert "heartbeat_timeout" in error.error and at - stopped_at[0] < 1.0 + 0.5 + 1.5
     second = [f for f in recorder.frames[mark:] if isinstance(f, TTSAudioRawFrame)]
     assert second and len(pcm_of(second)) / RATE > 0.5  # the next reply, on a new connection
+
+
+# -- issue 26: each context is its own Myna turn; an interruption cancels the interruptible ones --
+
+KEPT = "Please hold on while I check that for you. It should only take a moment. Thank you for your patience."
+
+
+async def test_an_interruption_cancels_the_replys_turn_and_an_uninterruptible_context_in_flight_plays_whole(
+        myna_kwargs):
+    """Two contexts in flight at once, each its own Myna turn: an uninterruptible
+    ``TTSSpeakFrame`` (``interruptible = False``; playing) and an LLM reply behind it (synthesising). ``InterruptionFrame``
+    cancels the reply's turn (Pipecat drops its context), and the spoken one plays to its last word."""
+    from pipecat.frames.frames import TTSSpeakFrame
+
+    recorder = Recorder()
+    service = MynaTTSService(**myna_kwargs)
+    worker = PipelineWorker(Pipeline([service, recorder]), cancel_on_idle_timeout=False,
+                            params=PipelineParams(audio_out_sample_rate=RATE))
+    running = asyncio.Event()
+    in_flight: dict[str, object] = {}
+
+    @worker.event_handler("on_pipeline_started")
+    async def _started(worker, frame):
+        running.set()
+
+    async def drive():
+        await asyncio.wait_for(running.wait(), 15)
+        speak = TTSSpeakFrame(KEPT)
+        speak.interruptible = False  # (a field, not an argument)
+        await worker.queue_frame(speak)
+        await asyncio.wait_for(recorder.audio.wait(), 30)
+        for frame in llm_reply(SLOW_START):
+            await worker.queue_frame(frame)
+        for _ in range(200):  # the reply's turn is open beside the spoken one's
+            if len(service._turns) == 2:
+                break
+            await asyncio.sleep(0.01)
+        in_flight.update(service._turns)
+        await worker.queue_frame(InterruptionFrame())
+        await asyncio.sleep(3)
+        await worker.queue_frame(EndFrame())
+
+    runner = WorkerRunner()
+    await runner.add_workers(worker)
+    await asyncio.wait_for(asyncio.gather(runner.run(), drive()), 60)
+
+    assert len(in_flight) == 2
+    down = recorder.frames
+    cut = next(i for i, f in enumerate(down) if isinstance(f, InterruptionFrame))
+    starts = [f for f in down if isinstance(f, TTSStartedFrame)]
+    kept = starts[0].context_id
+    reply = next(c for c in in_flight if c != kept)
+    reply_turn = in_flight[reply]
+    assert reply_turn._cancelled and reply_turn._done  # its Myna turn was cancelled, and ended
+    assert not [f for f in down[cut:] if getattr(f, "context_id", None) == reply and isinstance(f, TTSAudioRawFrame)]
+    kept_audio = [f for f in down if isinstance(f, TTSAudioRawFrame) and f.context_id == kept]
+    assert [f for f in kept_audio if down.index(f) > cut]  # it went on after the interruption
+    kept_words = [f.text.strip().lower().strip(".,") for f in down
+                  if isinstance(f, TTSTextFrame) and f.context_id == kept]
+    assert kept_words == words_of(KEPT)  # to its last word
+    assert any(isinstance(f, TTSStoppedFrame) and f.context_id == kept for f in down)
