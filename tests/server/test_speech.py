@@ -107,6 +107,7 @@ async def test_sse_stream_carries_the_audio_in_speech_audio_delta_events(fmt):
                 model="gpt-4o-mini-tts", voice="ash", input="one two three four five", response_format=fmt,
                 stream_format="sse") as response:
             assert response.headers["Content-Type"] == "text/event-stream"
+            assert response.request_id  # X-Request-Id, as OpenAI's
             lines = [line async for line in response.iter_lines() if line]
     events = [json.loads(line.removeprefix("data: ")) for line in lines]
     assert all(line.startswith("data: ") for line in lines)

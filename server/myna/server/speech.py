@@ -5,7 +5,8 @@ For applications and agent tools that speak only through an OpenAI client pointe
 :class:`~myna.session.Session` with one turn whose whole text is the request's ``input``; its
 output is an :class:`~myna.audio.unpaced.UnpacedOutput` at the format's rate, and each piece of
 PCM is encoded (:class:`~myna.audio.encode.StreamEncoder`, PyAV) and written to the response as
-a chunk the moment the engine has made it (``Transfer-Encoding: chunked``).
+a chunk the moment the engine has made it (``Transfer-Encoding: chunked``), with an
+``X-Request-Id`` (OpenAI's client reports it as ``request_id``; LiveKit's plug-in logs its absence).
 
 The request body (JSON):
 
@@ -45,6 +46,7 @@ import base64
 import json
 import logging
 import math
+import uuid
 from collections import deque
 
 from aiohttp import web
@@ -227,7 +229,8 @@ class SpeechTurn:
                 if data:
                     if response is None:
                         content_type = SSE_CONTENT_TYPE if self._sse else self._fmt.content_type
-                        response = web.StreamResponse(headers={"Content-Type": content_type})
+                        response = web.StreamResponse(headers={"Content-Type": content_type,
+                                                               "X-Request-Id": uuid.uuid4().hex})
                         response.enable_chunked_encoding()
                         await response.prepare(request)
                     await response.write(_sse_event("speech.audio.delta", audio=base64.b64encode(data).decode())
