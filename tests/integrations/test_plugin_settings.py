@@ -73,7 +73,7 @@ async def two_voice_engine(slow_voice):
 @pytest.fixture(scope="module")
 def two_voice_worker(start_worker, slow_voice):
     return start_worker("--piper-seed", "0", "--piper-voice", slow_voice, "--offer-rate", "0",
-                        "--max-sessions-per-client", "0")
+                        "--max-sessions-per-client", "0", "--max-sessions", "32", "--peer-timeout", "3")
 
 
 @pytest.fixture(params=["local", pytest.param("remote", marks=pytest.mark.network)])
@@ -179,3 +179,26 @@ async def test_livekit_bad_options_raise_and_the_tts_keeps_speaking_with_the_old
         await tts.aclose()
     assert abs(still_fast / fast - 1) < 0.1
     assert 0.6 < fast / plain < 0.75
+
+
+async def test_pipecat_language_is_checked_against_the_voice_and_goes_with_the_turn(kwargs):
+    from pipecat.transcriptions.language import Language
+
+    frames = [settings(language="fr"), *llm_reply(TEXT), settings(language=Language.EN_GB), *llm_reply(TEXT)]
+    lengths, errors = await pipecat_lengths(MynaTTSService(**kwargs), frames)
+    assert len(errors) == 1 and "wrong_language" in errors[0] and "en_US" in errors[0], errors
+    assert len(lengths) == 2 and all(n > 1.0 for n in lengths)  # both replies spoken (en_US speaks en-GB)
+
+
+async def test_livekit_language_is_checked_against_the_voice(kwargs):
+    tts = myna_livekit.TTS(**kwargs)
+    try:
+        await livekit_segment(tts)  # (a remote TTS has met its worker and knows its voices now)
+        with pytest.raises(ValueError, match="wrong_language.*en_US"):
+            tts.update_options(language="fr")
+        with pytest.raises(ValueError, match="bad_language"):
+            tts.update_options(language="not a tag")
+        tts.update_options(language="en-GB")
+        assert await livekit_segment(tts) > 1.0
+    finally:
+        await tts.aclose()

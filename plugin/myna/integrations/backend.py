@@ -39,7 +39,7 @@ import aiohttp
 from myna.access import ERROR_HEADER, AccessRefused, Credentials
 from myna.audio.unpaced import UnpacedOutput
 from myna.engines import Engine
-from myna.engines.base import NON_FATAL_CODES, check_speed
+from myna.engines.base import NON_FATAL_CODES, check_language, check_speed, language_of, speaks
 from myna.engines.build import EngineOptions, Engines, build_engines
 from myna.errors import MynaError
 from myna.events import Error, Event, Fallback, FirstAudio, TurnDone, TurnStarted, decode_event
@@ -132,37 +132,56 @@ class Backend(abc.ABC):
     scripts: frozenset[str] = LATIN
     voice: str | None = None
     speed: float | None = None
+    language: str | None = None
 
     async def start(self) -> None:
         """Load the engine or open (and check) a first connection."""
 
-    def update_options(self, *, voice: str | None = None, speed: float | None = None) -> None:
-        """Speak the turns opened from now on in ``voice`` and/or at ``speed`` (None: keep the
-        current one); a turn already open keeps its options. Nothing reconnects: the options go
-        with each turn's first text (``text.voice``, ``text.speed``).
+    def update_options(self, *, voice: str | None = None, speed: float | None = None,
+                       language: str | None = None) -> None:
+        """Speak the turns opened from now on in ``voice``, at ``speed`` and/or in ``language``
+        (None: keep the current one); a turn already open keeps its options. Nothing reconnects:
+        the options go with each turn's first text (``text.voice``, ``text.speed``,
+        ``text.language``).
 
         Raises:
             MynaError: ``bad_speed`` (not a number from 0.5 to 2.0), ``bad_message`` (a voice
-                that is not a non-empty string), ``unknown_voice`` (an in-process engine without
-                that voice); the options are left as they were. (A worker's voices are checked
-                by the worker: a turn in a voice it lacks fails with ``unknown_voice``, and the
-                turns after it are spoken.)
+                that is not a non-empty string), ``bad_language`` (not a language tag),
+                ``unknown_voice`` (a voice the engine, or the worker's ``GET /v1/voices``,
+                lacks), ``wrong_language`` (the voice does not speak the language); the options
+                are left as they were. (Where a worker's voices are not known, the worker checks
+                each turn: a turn it refuses fails with that code, the turns after it are spoken.)
         """
         if voice is not None and (not isinstance(voice, str) or not voice):
             raise MynaError("bad_message", f"voice must be a non-empty string, not {voice!r}")
         speed = check_speed(speed) if speed is not None else None
+        language = check_language(language) if language is not None else None
         if voice is not None:
             self._check_voice(voice)
+        if language is not None or (voice is not None and self.language is not None):
+            wanted = language or self.language
+            chosen = voice or self.voice
+            spoken = self._voice_language(chosen)
+            if not speaks(spoken, wanted):
+                raise MynaError("wrong_language", f"the voice {chosen or 'default'!r} speaks {spoken}, not {wanted!r}")
+        if voice is not None:
             self.voice = voice
         if speed is not None:
             self.speed = speed
+        if language is not None:
+            self.language = language
 
     def _check_voice(self, voice: str) -> None:
         """Raise ``unknown_voice`` if this backend knows ``voice`` cannot be spoken."""
 
+    def _voice_language(self, voice: str | None) -> str | None:
+        """The language ``voice`` speaks, where this backend knows it (else None)."""
+        return None
+
     def _turn_options(self) -> dict:
-        """The options a new turn's first text carries (``voice``, ``speed`` where set)."""
-        return {k: v for k, v in (("voice", self.voice), ("speed", self.speed)) if v is not None}
+        """The options a new turn's first text carries (``voice``, ``speed``, ``language`` where set)."""
+        return {k: v for k, v in (("voice", self.voice), ("speed", self.speed), ("language", self.language))
+                if v is not None}
 
     @abc.abstractmethod
     async def open_turn(self) -> Turn:
@@ -339,6 +358,9 @@ class LocalBackend(Backend):
         if local not in self._idle:
             self._idle.append(local)
 
+    def _voice_language(self, voice: str | None) -> str | None:
+        return language_of(self.engine, voice)
+
     def _check_voice(self, voice: str) -> None:
         known = getattr(self.engine, "voices", None)
         if known and voice not in known:
@@ -447,6 +469,7 @@ class RemoteBackend(Backend):
         self.sample_rate = sample_rate
         self.heartbeat = HEARTBEAT_S if heartbeat is None else heartbeat
         self._voices: frozenset[str] | None = None  # the worker's voices, once start() asked
+        self._languages: dict[str | None, str | None] = {}  # ... and their languages
         self._credentials = credentials or Credentials()
         self._session = session
         self._owns_session = session is None
@@ -473,8 +496,14 @@ class RemoteBackend(Backend):
                 listed = (await response.json()).get("voices") or []
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError):
             return None
-        names = frozenset(v.get("name") for v in listed if isinstance(v, dict) and v.get("engine") == engine)
+        mine = [v for v in listed if isinstance(v, dict) and v.get("engine") == engine]
+        self._languages = {v.get("name"): v.get("language") for v in mine}
+        self._languages[None] = self._languages["default"] = mine[0].get("language") if mine else None
+        names = frozenset(v.get("name") for v in mine)
         return names or None
+
+    def _voice_language(self, voice: str | None) -> str | None:
+        return self._languages.get(voice)
 
     def _check_voice(self, voice: str) -> None:
         known = self._voices

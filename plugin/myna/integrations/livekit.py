@@ -131,20 +131,24 @@ class TTS(tts.TTS):
             self._started = None if exc.code in RETRYABLE_CODES else self._started
             raise _api_error(exc) from None
 
-    def update_options(self, *, voice: NotGivenOr[str] = NOT_GIVEN, speed: NotGivenOr[float] = NOT_GIVEN) -> None:
-        """Speak the segments that start from now on in ``voice`` and/or at ``speed`` (0.5 to
-        2.0 × the voice's pace); a segment being spoken keeps its own. Nothing reconnects.
+    def update_options(self, *, voice: NotGivenOr[str] = NOT_GIVEN, speed: NotGivenOr[float] = NOT_GIVEN,
+                       language: NotGivenOr[str] = NOT_GIVEN) -> None:
+        """Speak the segments that start from now on in ``voice``, at ``speed`` (0.5 to 2.0 ×
+        the voice's pace) and/or in ``language`` (a tag the voice must speak; it does not change
+        how the voice reads); a segment being spoken keeps its own. Nothing reconnects.
 
         Raises:
             ValueError: a speed outside 0.5 to 2.0 or not a number, a voice that is not a
                 non-empty string, or (in-process) a voice the engine lacks; its message starts
-                with the Myna code (``bad_speed``, ``bad_message``, ``unknown_voice``). Nothing
+                with the Myna code (``bad_speed``, ``bad_message``, ``unknown_voice``,
+                ``bad_language``, ``wrong_language``). Nothing
                 changes. A voice a remote worker lacks fails the next segment instead
                 (``APIError``, code ``unknown_voice``); the segments after it are spoken.
         """
         try:
             self._backend.update_options(voice=voice if is_given(voice) else None,
-                                         speed=speed if is_given(speed) else None)
+                                         speed=speed if is_given(speed) else None,
+                                         language=language if is_given(language) else None)
         except MynaError as exc:
             raise ValueError(str(exc)) from None
 

@@ -119,7 +119,9 @@ class MynaTTSService(TTSService):
     A bad value (a speed outside 0.5 to 2.0, a voice the in-process engine lacks) is one
     ``ErrorFrame`` naming it, and the setting keeps its value; a voice a remote worker lacks is
     an ``ErrorFrame`` (``unknown_voice``) for the reply that asked for it, and the pipeline goes
-    on. ``language`` is not used by Myna (the voice decides it).
+    on. ``language`` (a tag, or Pipecat's ``Language``) goes with each turn and is checked
+    against the voice's (``wrong_language``: an ``ErrorFrame``, the setting keeps its value);
+    it does not change how the voice reads.
     """
 
     Settings = MynaTTSSettings
@@ -197,6 +199,9 @@ class MynaTTSService(TTSService):
             try:
                 self._backend.update_options(speed=self._settings.speed)
                 await self._backend.start()
+                if self._settings.language:
+                    self._backend.update_options(language=getattr(self._settings.language, "value",
+                                                                  self._settings.language))
             except MynaError as exc:  # an ErrorFrame, not a stack trace; the pipeline starts
                 await self.push_error(error_msg=f"Myna TTS: {exc}", exception=exc)
 
@@ -204,14 +209,15 @@ class MynaTTSService(TTSService):
         """A ``TTSUpdateSettingsFrame``: check ``voice`` and ``speed``, apply them to the replies
         that start from now on (see the class docstring); a bad one is an ``ErrorFrame`` and is
         not applied (the other fields of the delta are)."""
-        for name in ("voice", "speed"):
+        for name in ("voice", "speed", "language"):
             value = getattr(delta, name, NOT_GIVEN)
             if not is_given(value) or value is None:
                 continue
+            value = getattr(value, "value", value)  # (a pipecat Language is an enum of tags: "en-US")
             try:
                 if self._backend is not None:
                     self._backend.update_options(**{name: value})
-                elif name == "speed":  # (before start: the voice is checked when the backend opens)
+                elif name == "speed":  # (before start: voice and language are checked when the backend opens)
                     check_speed(value)
             except MynaError as exc:
                 setattr(delta, name, NOT_GIVEN)
