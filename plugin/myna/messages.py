@@ -110,6 +110,7 @@ class Config:
     sample_rate: int | None = None
     format: str | None = None
     speed: float | None = None  # the session's default pace (0.5 to 2.0)
+    lexicon: object = None  # the session's lexicon (a myna.text.lexicon.Lexicon; None: the process's only)
 
 
 Message = Text | EndTurn | Interrupt | Cancel | Commit | Pause | Resume | Config
@@ -212,7 +213,15 @@ def _config(obj: dict) -> Config:
         raise BadMessage("bad_config", f'"format" must be one of {", ".join(WS_FORMATS)}')
     if fmt in ("pcm_mulaw", "pcm_alaw") and rate not in (None, 8000):
         raise BadMessage("bad_config", f'"{fmt}" is G.711: its "sample_rate" is 8000 Hz')
-    return Config(engine, voice, rate, fmt, _speed(obj.get("speed")))
+    lexicon = None
+    if obj.get("lexicon") is not None:
+        from myna.text.lexicon import Lexicon
+
+        try:
+            lexicon = Lexicon.from_json(obj["lexicon"])
+        except ValueError as exc:
+            raise BadMessage("bad_lexicon", str(exc)) from None
+    return Config(engine, voice, rate, fmt, _speed(obj.get("speed")), lexicon)
 
 
 def _speed(speed: object, turn_id: str | None = None) -> float | None:

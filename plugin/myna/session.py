@@ -159,6 +159,8 @@ class Session:
         voice: voice name passed to the engine (None: its default); a turn may name another.
         speed: the session's pace (``speed`` × the voice's own; None: 1.0); a turn may ask for
             another on its first text (:meth:`myna.engines.SynthesisStream.set_speed`).
+        lexicon: the session's pronunciation lexicon (:class:`myna.text.lexicon.Lexicon`),
+            applied to every turn before the process's (None: the process's only).
         limits: the turn limits applied (``max_turn_chars``, ``max_queued_turns``; None: off).
         max_hold_s: the start rule's budget: the longest a turn's ready first audio may be held (s).
         clock: monotonic clock in seconds.
@@ -172,13 +174,15 @@ class Session:
     prepare_timeout_s: float = PREPARE_TIMEOUT_S
 
     def __init__(self, engine: Engine, output: Callable[["Session"], TurnOutput], send: EventSink, metrics: Metrics, *,
-                 voice: str | None = None, speed: float | None = None, limits: Limits | None = None, max_hold_s: float = MAX_HOLD_S,
+                 voice: str | None = None, speed: float | None = None, lexicon=None, limits: Limits | None = None,
+                 max_hold_s: float = MAX_HOLD_S,
                  clock: Callable[[], float] = time.monotonic):
         self.engine = engine
         self.send = send
         self.metrics = metrics
         self.voice = voice
         self.speed = 1.0 if speed is None else check_speed(speed)
+        self.lexicon = lexicon
         self.limits = limits or Limits.off()
         self.max_hold_s = max_hold_s
         self.clock = clock
@@ -330,6 +334,8 @@ class Session:
         if language is not None:
             self._check_language(voice, language)
         stream = self.engine.stream(voice, group=self)
+        if self.lexicon is not None:
+            stream.set_lexicon(self.lexicon)
         speed = speed if speed is not None else self.speed
         if speed != 1.0:
             try:

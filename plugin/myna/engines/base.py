@@ -213,6 +213,11 @@ class SynthesisStream(abc.ABC):
         self._cancelled = False
 
     # -- caller side -------------------------------------------------------------------
+    def set_lexicon(self, lexicon) -> None:
+        """Apply ``lexicon`` (:class:`myna.text.lexicon.Lexicon`) to this turn's words before the
+        process's; call before the first text."""
+        self._intake.lexicon = lexicon.then(self._intake.lexicon)
+
     def set_speed(self, speed: float) -> None:
         """Speak this turn at ``speed`` × the voice's pace; call before the first text. An
         engine without an honest way to change its pace refuses any speed but 1.0.
