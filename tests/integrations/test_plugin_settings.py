@@ -18,7 +18,6 @@ import json
 import os
 import re
 
-import numpy as np
 import pytest
 import pytest_asyncio
 
