@@ -157,6 +157,9 @@ def _add_say(sub) -> None:
                                                  "else one minted from MYNA_API_KEY and MYNA_API_SECRET)")
     p.add_argument("--token-rate", type=float, default=30.0,
                    help="tokens per second when streaming to a worker, like an LLM (0: all at once; default: %(default)s)")
+    p.add_argument("--speed", type=_speed, default=None, metavar="X",
+                   help="pace, 0.5 to 2.0 times the voice's own (default: 1.0); an engine that speaks at its own "
+                        "pace (dsm) refuses any other (unsupported_speed)")
     p.add_argument("--trim", action=argparse.BooleanOptionalAction, default=True,
                    help="with --server, start the file at the first audible sample, for listening (default); "
                         "--no-trim keeps the recording from the first text chunk sent, TTFA silence included, for measuring")
@@ -165,6 +168,16 @@ def _add_say(sub) -> None:
     # choose among the worker's (default: its default).
     add_engine_arguments(p, engines=None, phrase_cache_mb=0.0, engines_help="piper locally, the worker's default remotely")
     p.set_defaults(func=_say)
+
+
+def _speed(text: str) -> float:
+    """``--speed``: a number from 0.5 to 2.0 (argparse turns the error into a usage line)."""
+    from myna.engines.base import EngineError, check_speed
+
+    try:
+        return check_speed(float(text))
+    except (ValueError, EngineError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number from 0.5 to 2.0") from None
 
 
 class _SayError(Exception):
@@ -229,7 +242,7 @@ async def _say_remote(args: argparse.Namespace, url: str) -> int:
     try:
         await wait_until_ready(url, timeout=60.0, starting=False)
         async with MynaClient(url, engine=args.engines, voice=args.voice, token=args.token) as client:
-            result = await client.speak(args.text, tokens_per_s=args.token_rate or None)
+            result = await client.speak(args.text, tokens_per_s=args.token_rate or None, speed=args.speed)
     except (OSError, RuntimeError, TimeoutError, ValueError) as exc:
         print(f"myna say: {str(exc) or type(exc).__name__}", file=sys.stderr)
         return 1
@@ -269,6 +282,8 @@ async def _say_local(args: argparse.Namespace) -> int:
         await engines.warm_up()  # (only with --phrase-cache-mb: off by default for one turn)
         t0 = time.monotonic()
         stream = engine.stream(engines.voice_for(engine.name))
+        if args.speed is not None and args.speed != 1.0:
+            stream.set_speed(args.speed)
         stream.push_text(args.text)
         stream.end_input()
         pieces, first = [], None

@@ -15,7 +15,8 @@ stream, the in-process plug-ins) builds the messages itself.
   the word that was cut;
 - :class:`Config`: the WebSocket's settings, before its first turn.
 
-A bad ``speed`` (not a number from :data:`MIN_SPEED` to :data:`MAX_SPEED`) is ``bad_speed``.
+A bad ``speed`` (not a number from :data:`MIN_SPEED` to :data:`MAX_SPEED`) is ``bad_speed``; a
+``language`` that is not a language tag is ``bad_language``.
 
 A message that breaks the contract raises :class:`BadMessage` (its ``code`` and ``message``
 go into the ``error`` event, with the message's ``turn_id`` when it had a valid one).
@@ -26,7 +27,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from myna.engines.base import MAX_SPEED, MIN_SPEED, EngineError, check_speed
+from myna.engines.base import MAX_SPEED, MIN_SPEED, EngineError, check_language, check_speed
 from myna.errors import MynaError
 from myna.events import MAX_MESSAGE_BYTES
 
@@ -45,8 +46,9 @@ WS_FORMATS = ("pcm_s16le", "pcm_mulaw", "pcm_alaw")
 class Text:
     """``{"type": "text", "turn_id", "text", "voice"?, "speed"?}``: a chunk of a turn's text.
 
-    ``voice`` and ``speed`` (a number from 0.5 to 2.0, the voice's own pace ×) are the turn's
-    options, read on its first chunk only (None: the session's).
+    ``voice``, ``speed`` (a number from 0.5 to 2.0, the voice's own pace ×) and ``language`` (a
+    language tag the turn's voice must speak) are the turn's options, read on its first chunk
+    only (None: the session's; ``language`` None: not checked).
     ``{"type": "prepare", "turn_id", "text"}`` is the same with ``prepare`` True: its turn's
     first chunk opens it *prepared* (synthesised, held until :class:`Commit`); on a turn
     already open it is a plain chunk."""
@@ -56,6 +58,7 @@ class Text:
     prepare: bool = False
     voice: str | None = None
     speed: float | None = None
+    language: str | None = None
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,7 @@ class Config:
     sample_rate: int | None = None
     format: str | None = None
     speed: float | None = None  # the session's default pace (0.5 to 2.0)
+    lexicon: object = None  # the session's lexicon (a myna.text.lexicon.Lexicon; None: the process's only)
 
 
 Message = Text | EndTurn | Interrupt | Cancel | Commit | Pause | Resume | Config
@@ -167,7 +171,14 @@ def message_from(obj: dict, *, config: bool = False) -> Message:
         voice = obj.get("voice")
         if not isinstance(voice, (str, type(None))):
             raise BadMessage("bad_message", '"voice" must be a string', turn_id)
-        return Text(turn_id, text, prepare=kind == "prepare", voice=voice, speed=_speed(obj.get("speed"), turn_id))
+        language = obj.get("language")
+        if language is not None:
+            try:
+                check_language(language)
+            except EngineError as exc:
+                raise BadMessage(exc.code, exc.message, turn_id) from None
+        return Text(turn_id, text, prepare=kind == "prepare", voice=voice, speed=_speed(obj.get("speed"), turn_id),
+                    language=language)
     if kind == "commit":
         if turn_id is None:
             raise BadMessage("bad_message", f'"commit" needs a "turn_id" (string, 1-{MAX_TURN_ID} chars)')
@@ -202,7 +213,15 @@ def _config(obj: dict) -> Config:
         raise BadMessage("bad_config", f'"format" must be one of {", ".join(WS_FORMATS)}')
     if fmt in ("pcm_mulaw", "pcm_alaw") and rate not in (None, 8000):
         raise BadMessage("bad_config", f'"{fmt}" is G.711: its "sample_rate" is 8000 Hz')
-    return Config(engine, voice, rate, fmt, _speed(obj.get("speed")))
+    lexicon = None
+    if obj.get("lexicon") is not None:
+        from myna.text.lexicon import Lexicon
+
+        try:
+            lexicon = Lexicon.from_json(obj["lexicon"])
+        except ValueError as exc:
+            raise BadMessage("bad_lexicon", str(exc)) from None
+    return Config(engine, voice, rate, fmt, _speed(obj.get("speed")), lexicon)
 
 
 def _speed(speed: object, turn_id: str | None = None) -> float | None:

@@ -58,7 +58,7 @@ import numpy as np
 
 from myna.audio.playout import MAX_HOLD_S
 from myna.audio.turns import Gaps, as_mono_float32
-from myna.engines.base import check_speed
+from myna.engines.base import check_speed, language_of, speaks
 from myna.engines import AudioChunk, Engine, EngineError, ErrorEvent, FallbackEvent, SynthesisStream
 from myna.events import Error, Event, Fallback, FirstAudio, Ready, TurnDone
 from myna.limits import Limits, MessageRate
@@ -159,6 +159,8 @@ class Session:
         voice: voice name passed to the engine (None: its default); a turn may name another.
         speed: the session's pace (``speed`` × the voice's own; None: 1.0); a turn may ask for
             another on its first text (:meth:`myna.engines.SynthesisStream.set_speed`).
+        lexicon: the session's pronunciation lexicon (:class:`myna.text.lexicon.Lexicon`),
+            applied to every turn before the process's (None: the process's only).
         limits: the turn limits applied (``max_turn_chars``, ``max_queued_turns``; None: off).
         max_hold_s: the start rule's budget: the longest a turn's ready first audio may be held (s).
         clock: monotonic clock in seconds.
@@ -172,13 +174,15 @@ class Session:
     prepare_timeout_s: float = PREPARE_TIMEOUT_S
 
     def __init__(self, engine: Engine, output: Callable[["Session"], TurnOutput], send: EventSink, metrics: Metrics, *,
-                 voice: str | None = None, speed: float | None = None, limits: Limits | None = None, max_hold_s: float = MAX_HOLD_S,
+                 voice: str | None = None, speed: float | None = None, lexicon=None, limits: Limits | None = None,
+                 max_hold_s: float = MAX_HOLD_S,
                  clock: Callable[[], float] = time.monotonic):
         self.engine = engine
         self.send = send
         self.metrics = metrics
         self.voice = voice
         self.speed = 1.0 if speed is None else check_speed(speed)
+        self.lexicon = lexicon
         self.limits = limits or Limits.off()
         self.max_hold_s = max_hold_s
         self.clock = clock
@@ -249,7 +253,8 @@ class Session:
                 return
         try:
             if isinstance(message, Text):
-                self._on_text(message.turn_id, message.text, sender, message.prepare, message.voice, message.speed)
+                self._on_text(message.turn_id, message.text, sender, message.prepare, message.voice, message.speed,
+                              message.language)
             elif isinstance(message, EndTurn):
                 self._on_end_turn(message.turn_id, sender)
             elif isinstance(message, Interrupt):
@@ -271,7 +276,7 @@ class Session:
             self._error("internal", "the message could not be handled", turn_id=turn_id)
 
     def _on_text(self, turn_id: str, text: str, sender: Hashable = None, prepare: bool = False,
-                 voice: str | None = None, speed: float | None = None) -> None:
+                 voice: str | None = None, speed: float | None = None, language: str | None = None) -> None:
         if turn_id in self._refused:
             return  # its first chunk was refused (one error said so): the rest of it is not spoken either
         if turn_id in self._past_turns:  # a late chunk of a finished or interrupted turn: never speak it
@@ -279,9 +284,9 @@ class Session:
         turn = self._turns.get(turn_id)
         if turn is None:
             try:
-                turn = self._begin_turn(turn_id, sender, prepare, voice, speed)
+                turn = self._begin_turn(turn_id, sender, prepare, voice, speed, language)
             except EngineError as exc:
-                if exc.code in ("unsupported_speed", "bad_speed", "unknown_voice"):
+                if exc.code in ("unsupported_speed", "bad_speed", "unknown_voice", "wrong_language"):
                     self._refused.append(turn_id)  # the turn's options were refused: drop the whole turn
                 raise
         if turn.input_ended:
@@ -297,6 +302,18 @@ class Session:
             turn.stream.push_text(text)
         turn.last_text_at = asyncio.get_running_loop().time()
 
+    def _check_language(self, voice: str | None, language: str) -> None:
+        """Refuse a turn that asks for a language its voice does not speak
+        (:func:`myna.engines.base.speaks`; a voice whose language is unknown is not checked).
+
+        Raises:
+            EngineError: ``wrong_language``, naming the voice's language.
+        """
+        spoken = language_of(self.engine, voice)
+        if not speaks(spoken, language):
+            raise EngineError("wrong_language", f"the voice {voice or 'default'!r} of {self.engine.name} speaks {spoken}, "
+                                                f"not {language!r}; choose a voice of that language (GET /v1/voices)")
+
     def _on_end_turn(self, turn_id: str, sender: Hashable = None) -> None:
         if turn_id in self._past_turns or turn_id in self._refused:
             return
@@ -304,7 +321,7 @@ class Session:
         self._end_input(turn)
 
     def _begin_turn(self, turn_id: str, sender: Hashable = None, prepare: bool = False, voice: str | None = None,
-                    speed: float | None = None) -> _Turn:
+                    speed: float | None = None, language: str | None = None) -> _Turn:
         if self._draining:
             raise BadMessage("draining", "the worker is shutting down; finish this session and connect to another")
         cap = self.limits.max_queued_turns
@@ -313,7 +330,12 @@ class Session:
         previous = self._open_turns.get(sender)
         if previous is not None and previous in self._turns:
             self._end_input(self._turns[previous])
-        stream = self.engine.stream(voice if voice is not None else self.voice, group=self)
+        voice = voice if voice is not None else self.voice
+        if language is not None:
+            self._check_language(voice, language)
+        stream = self.engine.stream(voice, group=self)
+        if self.lexicon is not None:
+            stream.set_lexicon(self.lexicon)
         speed = speed if speed is not None else self.speed
         if speed != 1.0:
             try:

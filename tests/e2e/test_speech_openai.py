@@ -112,3 +112,22 @@ async def test_g711_on_the_websocket_is_heard(worker, whisper, fmt, decoder):
                 elif json.loads(msg.data)["type"] == "turn_done":
                     break
     assert wer(whisper, SENTENCE, decoder(bytes(audio)), 8000) <= 0.15
+
+
+def test_openai_speed_changes_the_pace_heard_and_out_of_range_is_unsupported_speed(worker, whisper):
+    """``speed`` (issue 25): 1.5 is 0.6-0.75 of the length at 1.0 and 0.75 is longer, both still
+    heard; 3.0 (OpenAI's range, not Myna's) is 400 ``unsupported_speed`` naming 0.5 to 2."""
+    client = openai_client(worker)
+    lengths, wers = {}, {}
+    for speed in (1.0, 1.5, 0.75):
+        speech = client.audio.speech.create(model="tts-1", voice="alloy", input=SENTENCE, response_format="pcm",
+                                            speed=speed)
+        pcm = np.frombuffer(speech.content, dtype="<i2")
+        lengths[speed], wers[speed] = len(pcm) / 24_000, wer(whisper, SENTENCE, pcm, 24_000)
+    print(f"speech endpoint: seconds {lengths}, WER {wers}")
+    assert 0.6 < lengths[1.5] / lengths[1.0] < 0.75 and lengths[0.75] / lengths[1.0] > 1.2
+    assert max(wers.values()) <= 0.1
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.audio.speech.create(model="tts-1", voice="alloy", input=SENTENCE, speed=3.0)
+    error = refused.value.body
+    assert (error["code"], error["param"]) == ("unsupported_speed", "speed") and "0.5 to 2" in error["message"]

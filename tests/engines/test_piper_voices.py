@@ -68,8 +68,10 @@ async def test_a_turn_speaks_in_the_voice_it_names_and_v1_voices_lists_them(engi
         assert response.status == 200
         listed = (await response.json())["voices"]
     assert listed == [
-        {"name": "en_US-joe-medium", "engine": "piper", "language": "en_US", "sample_rate": 22050, "speakers": 1},
-        {"name": "en_GB-slow-medium", "engine": "piper", "language": "en_GB", "sample_rate": 22050, "speakers": 1}]
+        {"name": "en_US-joe-medium", "engine": "piper", "language": "en_US", "sample_rate": 22050, "speakers": 1,
+         "scripts": ["Latin"]},
+        {"name": "en_GB-slow-medium", "engine": "piper", "language": "en_GB", "sample_rate": 22050, "speakers": 1,
+         "scripts": ["Latin"]}]
 
 
 async def test_a_piper_voice_file_that_is_not_there_is_a_clear_error(tmp_path):

@@ -34,8 +34,8 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list
 SESSION_CODES = {"message_too_large", "bad_encoding", "bad_json", "bad_message", "unknown_type", "turn_ended",
                  "turn_too_long", "too_many_turns", "draining", "rate_limited", "bad_audio", "audio_failed",
                  "engine_failed", "engine_not_ready", "unknown_voice", "unsupported_language", "unit_failed",
-                 "bad_speed", "unsupported_speed", "phonemes_ignored"}
-STREAM_CODES = SESSION_CODES | {"binary_input", "config_too_late", "bad_config", "unknown_engine", "forbidden",
+                 "bad_speed", "unsupported_speed", "phonemes_ignored", "bad_language", "wrong_language"}
+STREAM_CODES = SESSION_CODES | {"binary_input", "config_too_late", "bad_config", "bad_lexicon", "unknown_engine", "forbidden",
                                 "slow_consumer"}
 HTTP_CODES = {"bad_request", "bad_json", "bad_body", "bad_sdp", "unknown_engine", "unknown_voice", "not_ready",
               "pc_id_in_use", "unknown_pc", "bad_candidate", "token_required", "bad_token", "forbidden", "full",

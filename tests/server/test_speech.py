@@ -160,7 +160,10 @@ async def test_bad_requests_get_openai_errors_naming_the_field():
     async with serve_in_process(worker(max_turn_chars=50)) as url:
         c = client(url)
         cases = [
+            # (the tone engine speaks at its own pace, as DSM does: the engine refuses any speed but 1.0)
             (dict(model="tone", voice="alloy", input="hi", speed=1.5), 400, "speed", "unsupported_speed"),
+            (dict(model="tone", voice="alloy", input="hi", speed=3.0), 400, "speed", "unsupported_speed"),
+            (dict(model="tone", voice="alloy", input="hi", speed=0.25), 400, "speed", "unsupported_speed"),
             (dict(model="tone", voice="alloy", input="hi", speed=9.0), 400, "speed", "bad_request"),
             (dict(model="tone", voice="alloy", input="hi", response_format="ogg"), 400, "response_format",
              "unsupported_format"),

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
@@ -142,6 +143,42 @@ def check_speed(speed: object) -> float:
     return float(speed)
 
 
+#: A turn's ``language``: a BCP 47 tag's shape (``en``, ``en-GB``, ``pt_BR``, ``zh-Hant-TW``).
+_LANGUAGE_TAG = re.compile(r"[A-Za-z]{2,3}([-_][A-Za-z0-9]{1,8})*")
+
+
+def check_language(language: object) -> str:
+    """``language`` if it is a language tag (``en``, ``en-GB``, ``en_US``: letters, then
+    subtags after ``-`` or ``_``).
+
+    Raises:
+        EngineError: ``bad_language`` for anything else.
+    """
+    if not isinstance(language, str) or not _LANGUAGE_TAG.fullmatch(language):
+        raise EngineError("bad_language", '"language" must be a language tag such as "en" or "en-US"')
+    return language
+
+
+def language_of(engine: "Engine", voice: str | None) -> str | None:
+    """The language ``voice`` of ``engine`` speaks, from its catalogue entry
+    (:meth:`Engine.voice_catalogue`; None or ``default``: the engine's first voice), or None
+    when the engine does not say."""
+    catalogue = engine.voice_catalogue()
+    if voice in (None, "default"):
+        return catalogue[0].get("language") if catalogue else None
+    return next((v.get("language") for v in catalogue if v.get("name") == voice), None)
+
+
+def speaks(voice_language: str | None, asked: str) -> bool:
+    """Whether a voice of ``voice_language`` speaks the language tag ``asked``: the same primary
+    language (``en`` speaks ``en``, ``en-GB``, ``en_US``; the region is not compared, a voice
+    reads its own accent). An unknown voice language speaks anything (nothing to check)."""
+    if not voice_language:
+        return True
+    primary = lambda tag: re.split(r"[-_]", tag)[0].lower()  # noqa: E731
+    return primary(voice_language) == primary(asked)
+
+
 class SynthesisStream(abc.ABC):
     """One turn of streaming synthesis.
 
@@ -176,6 +213,11 @@ class SynthesisStream(abc.ABC):
         self._cancelled = False
 
     # -- caller side -------------------------------------------------------------------
+    def set_lexicon(self, lexicon) -> None:
+        """Apply ``lexicon`` (:class:`myna.text.lexicon.Lexicon`) to this turn's words before the
+        process's; call before the first text."""
+        self._intake.lexicon = lexicon.then(self._intake.lexicon)
+
     def set_speed(self, speed: float) -> None:
         """Speak this turn at ``speed`` × the voice's pace; call before the first text. An
         engine without an honest way to change its pace refuses any speed but 1.0.

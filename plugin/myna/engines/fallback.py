@@ -227,6 +227,12 @@ class FallbackStream(SynthesisStream):
         self._task = self._loop.create_task(self._run())
 
     # -- text in: to the active engine, and tracked -------------------------------------------
+    def set_lexicon(self, lexicon) -> None:
+        """The turn's lexicon, here (the words a fallback resumes from) and on the active stream."""
+        super().set_lexicon(lexicon)
+        if self._active is not None:
+            self._active.set_lexicon(lexicon)
+
     def push_text(self, chunk: str) -> None:
         self._last_text_at = self._now()
         super().push_text(chunk)

@@ -53,6 +53,7 @@ import numpy as np
 from myna.engines.base import (AudioChunk, Engine, EngineError, EngineWrapper, ErrorEvent, StreamItem, SynthesisStream,
                                TurnOrder, WordEvent, check_speed, spoken_word)
 from myna.engines.scheduler import HORIZON_S, DeadlineScheduler
+from myna.text.scripts import LATIN
 from myna.text import ClauseChunker, Pause, SentenceChunker, WholeChunker
 from myna.text import said
 from myna.text.normalise import ends_clause
@@ -155,7 +156,13 @@ class PiperEngine(Engine):
                 raise ValueError(f"two piper voices are called {name!r}; rename one file")
             self._files[name] = (path, Path(f"{path}.json"))
         self._info = {name: _voice_info(name, config) for name, (_, config) in self._files.items()}
+        self._speakers: dict[str, tuple[str, int]] = {}  # "voice#speaker" → (the model's voice name, sid)
+        for name, info in list(self._info.items()):
+            for speaker, sid in info.pop("speaker_ids").items():
+                self._speakers[f"{name}#{speaker}"] = (name, sid)
+                self._info[f"{name}#{speaker}"] = {**info, "name": f"{name}#{speaker}", "speakers": 1}
         self.sample_rate = self._info[self.voice_name]["sample_rate"]
+        self.scripts = self.voice_scripts(None)  # (the default voice's; a stream reads its own voice's)
         for name, info in self._info.items():
             if info["sample_rate"] != self.sample_rate:
                 raise ValueError(f"piper voice {name!r} is at {info['sample_rate']} Hz; every voice of the engine must "
@@ -194,11 +201,19 @@ class PiperEngine(Engine):
     @property
     def voices(self) -> list[str]:
         """Voice names this engine accepts (``None`` also selects the default)."""
-        return [*self._files, "default"]
+        return [*self._info, "default"]
+
+    def voice_scripts(self, voice: str | None) -> frozenset[str]:
+        """The scripts ``voice`` reads (None: the default voice's), from its config's language
+        (:func:`scripts_for_language`): words in any other are left out (``unsupported_language``)."""
+        info = self._info.get(voice or self.voice_name) or self._info[self.voice_name]
+        return frozenset(info["scripts"])
 
     def voice_catalogue(self) -> list[dict]:
         """Each voice: ``name``, ``language`` (its config's, e.g. ``en_US``), ``sample_rate``
-        (Hz) and ``speakers`` (a multi-speaker model speaks as its first)."""
+        (Hz), ``speakers`` and ``scripts``. A multi-speaker model is listed as itself (its
+        first speaker, ``speakers`` its count) and as one voice per speaker,
+        ``NAME#SPEAKER`` (the names of its config's ``speaker_id_map``, else ``0``, ``1``…)."""
         return [dict(info) for info in self._info.values()]
 
     async def start(self) -> None:
@@ -221,6 +236,8 @@ class PiperEngine(Engine):
         for name, (model, config) in self._files.items():
             self._voices[name] = SplitVoice(model, config, threads=1, seed=self.seed)
             log.info("piper voice %s loaded (%d Hz)", name, self.sample_rate)
+        for name, (model_voice, sid) in self._speakers.items():
+            self._voices[name] = self._voices[model_voice].speaker(sid)
         self._voice = self._voices[self.voice_name]
 
     async def close(self) -> None:
@@ -230,7 +247,7 @@ class PiperEngine(Engine):
 
     def stream(self, voice: str | None = None, group: object = None, strategy: str | None = None) -> "PiperStream":
         if voice not in (None, *self.voices):
-            raise EngineError("unknown_voice", f"piper has no voice {voice!r}; available: {', '.join(self._files)}")
+            raise EngineError("unknown_voice", f"piper has no voice {voice!r}; available: {', '.join(self._info)}")
         if self._voice is None:
             raise EngineError("engine_not_ready", "piper is still loading")
         strategy = strategy or self.strategy
@@ -356,8 +373,36 @@ def _voice_info(name: str, config_path: Path) -> dict:
         raise ValueError(f"piper voice {name!r}: cannot read its config {config_path}: {exc}") from None
     language = config.get("language") or {}
     code = language.get("code") if isinstance(language, dict) else None
-    return {"name": name, "language": code or (config.get("espeak") or {}).get("voice"), "sample_rate": rate,
-            "speakers": int(config.get("num_speakers") or 1)}
+    language = code or (config.get("espeak") or {}).get("voice")
+    speakers = int(config.get("num_speakers") or 1)
+    ids = config.get("speaker_id_map") or {}
+    if speakers > 1 and not (isinstance(ids, dict) and ids):
+        ids = {str(i): i for i in range(speakers)}  # (no names: the speakers are numbered)
+    ids = {str(k): int(v) for k, v in ids.items() if isinstance(v, int) and 0 <= v < speakers} if speakers > 1 else {}
+    return {"name": name, "language": language, "sample_rate": rate, "speakers": speakers,
+            "scripts": sorted(scripts_for_language(language)), "speaker_ids": ids}
+
+
+#: The scripts a language is written in, by primary language subtag, beyond Latin (the rest).
+_SCRIPTS = {
+    **dict.fromkeys(("ru", "uk", "be", "bg", "sr", "mk", "kk", "ky", "tg", "mn"), ("Cyrillic",)),
+    "el": ("Greek",), "he": ("Hebrew",), "ka": ("Georgian",), "hy": ("Armenian",), "th": ("Thai",),
+    **dict.fromkeys(("ar", "fa", "ur", "ps"), ("Arabic",)),
+    **dict.fromkeys(("hi", "ne", "mr"), ("Devanagari",)),
+    "bn": ("Bengali",), "ta": ("Tamil",), "te": ("Telugu",), "ml": ("Malayalam",), "kn": ("Kannada",),
+    "gu": ("Gujarati",), "pa": ("Gurmukhi",), "si": ("Sinhala",), "km": ("Khmer",), "lo": ("Lao",),
+    "my": ("Myanmar",), "am": ("Ethiopic",), "ko": ("Hangul",), "zh": ("Han",), "yue": ("Han",),
+    "ja": ("Han", "Hiragana", "Katakana"),
+}
+
+
+def scripts_for_language(language: str | None) -> frozenset[str]:
+    """The scripts a voice of ``language`` (a tag or an espeak voice: ``en_US``, ``ru``,
+    ``cmn``…) reads: its own script, and Latin for every voice (digits, names and Latin words are
+    read by every espeak voice); an unknown or missing language reads Latin only."""
+    primary = (language or "").replace("_", "-").split("-")[0].lower()
+    primary = {"cmn": "zh"}.get(primary, primary)
+    return LATIN | frozenset(_SCRIPTS.get(primary, ()))
 
 
 def _proportional_starts(words: list[str], n_samples: int) -> list[int]:
@@ -483,7 +528,7 @@ class PiperStream(SynthesisStream):
 
     def __init__(self, engine: PiperEngine, group: object = None, chunker=None, release_at_end: bool = False,
                  voice: str | None = None, **intake):
-        super().__init__(scripts=engine.scripts, **intake)
+        super().__init__(scripts=engine.voice_scripts(voice), **intake)
         self._engine = engine
         self._group = group
         self._chunker = chunker if chunker is not None else ClauseChunker()

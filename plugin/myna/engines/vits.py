@@ -136,6 +136,7 @@ class SplitVoice:
         self._inputs = [i.name for i in model.graph.input]
         self.split = False
         self.gain = 1.0
+        self.sid = 0  # the speaker of a multi-speaker model (speaker())
         try:
             flow_in, dec_in = _cuts(model)
             extractor = onnx.utils.Extractor(model)
@@ -258,8 +259,17 @@ class SplitVoice:
         feed = {"input": np.array([ids], np.int64), "input_lengths": np.array([len(ids)], np.int64),
                 "scales": np.array(scales, np.float32)}
         if "sid" in self._inputs:
-            feed["sid"] = np.array([0], np.int64)  # a multi-speaker voice: its first speaker
+            feed["sid"] = np.array([self.sid], np.int64)  # a multi-speaker model: this view's speaker
         return feed
+
+    def speaker(self, sid: int) -> "SplitVoice":
+        """This multi-speaker model as speaker ``sid`` (its own gain; the model's sessions are
+        shared, nothing is loaded again)."""
+        import copy
+
+        view = copy.copy(self)
+        view.sid = sid
+        return view
 
     def _matches_whole(self) -> bool:
         """The stages, in chunks, give what the whole graph gives (noise off: deterministic)."""

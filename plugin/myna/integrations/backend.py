@@ -40,7 +40,7 @@ import aiohttp
 from myna.access import ERROR_HEADER, AccessRefused, Credentials
 from myna.audio.unpaced import UnpacedOutput
 from myna.engines import Engine
-from myna.engines.base import NON_FATAL_CODES
+from myna.engines.base import NON_FATAL_CODES, check_language, check_speed, language_of, speaks
 from myna.engines.build import EngineOptions, Engines, build_engines
 from myna.errors import MynaError
 from myna.events import Error, Event, Fallback, FirstAudio, TurnDone, TurnStarted, decode_event
@@ -132,9 +132,58 @@ class Backend(abc.ABC):
 
     sample_rate: int
     scripts: frozenset[str] = LATIN
+    voice: str | None = None
+    speed: float | None = None
+    language: str | None = None
 
     async def start(self) -> None:
         """Load the engine or open (and check) a first connection."""
+
+    def update_options(self, *, voice: str | None = None, speed: float | None = None,
+                       language: str | None = None) -> None:
+        """Speak the turns opened from now on in ``voice``, at ``speed`` and/or in ``language``
+        (None: keep the current one); a turn already open keeps its options. Nothing reconnects:
+        the options go with each turn's first text (``text.voice``, ``text.speed``,
+        ``text.language``).
+
+        Raises:
+            MynaError: ``bad_speed`` (not a number from 0.5 to 2.0), ``bad_message`` (a voice
+                that is not a non-empty string), ``bad_language`` (not a language tag),
+                ``unknown_voice`` (a voice the engine, or the worker's ``GET /v1/voices``,
+                lacks), ``wrong_language`` (the voice does not speak the language); the options
+                are left as they were. (Where a worker's voices are not known, the worker checks
+                each turn: a turn it refuses fails with that code, the turns after it are spoken.)
+        """
+        if voice is not None and (not isinstance(voice, str) or not voice):
+            raise MynaError("bad_message", f"voice must be a non-empty string, not {voice!r}")
+        speed = check_speed(speed) if speed is not None else None
+        language = check_language(language) if language is not None else None
+        if voice is not None:
+            self._check_voice(voice)
+        if language is not None or (voice is not None and self.language is not None):
+            wanted = language or self.language
+            chosen = voice or self.voice
+            spoken = self._voice_language(chosen)
+            if not speaks(spoken, wanted):
+                raise MynaError("wrong_language", f"the voice {chosen or 'default'!r} speaks {spoken}, not {wanted!r}")
+        if voice is not None:
+            self.voice = voice
+        if speed is not None:
+            self.speed = speed
+        if language is not None:
+            self.language = language
+
+    def _check_voice(self, voice: str) -> None:
+        """Raise ``unknown_voice`` if this backend knows ``voice`` cannot be spoken."""
+
+    def _voice_language(self, voice: str | None) -> str | None:
+        """The language ``voice`` speaks, where this backend knows it (else None)."""
+        return None
+
+    def _turn_options(self) -> dict:
+        """The options a new turn's first text carries (``voice``, ``speed``, ``language`` where set)."""
+        return {k: v for k, v in (("voice", self.voice), ("speed", self.speed), ("language", self.language))
+                if v is not None}
 
     @abc.abstractmethod
     async def open_turn(self) -> Turn:
@@ -175,8 +224,9 @@ class _EventTurn(Turn):
     """A turn fed by its session's contract events and PCM: the one place both backends turn
     them into items (:class:`Audio`, :class:`Word`, :class:`Notice`; a failure is raised)."""
 
-    def __init__(self) -> None:
+    def __init__(self, options: dict | None = None) -> None:
         self.turn_id = uuid.uuid4().hex
+        self._options = options or {}  # voice, speed: on the turn's first text only
         self._items: asyncio.Queue[TurnItem | MynaError | None] = asyncio.Queue()
         self._sent_any = False  # the session has heard of this turn
         self._started = False  # ... and took it (its turn_started came)
@@ -314,6 +364,15 @@ class LocalBackend(Backend):
         if local not in self._idle:
             self._idle.append(local)
 
+    def _voice_language(self, voice: str | None) -> str | None:
+        return language_of(self.engine, voice)
+
+    def _check_voice(self, voice: str) -> None:
+        known = getattr(self.engine, "voices", None)
+        if known and voice not in known:
+            raise MynaError("unknown_voice", f"{self.engine.name} has no voice {voice!r}; available: "
+                                             f"{', '.join(v for v in known if v != 'default')}")
+
     async def aclose(self) -> None:
         for local in list(self._all):
             if local.turn is not None:
@@ -359,13 +418,14 @@ class _LocalSession:
 
 class _LocalTurn(_EventTurn):
     def __init__(self, local: _LocalSession):
-        super().__init__()
+        super().__init__(local._backend._turn_options())
         self._local = local
 
     async def push_text(self, text: str) -> None:
         if self._takes_text() and text:
+            options = {} if self._sent_any else self._options
             self._sent_any = True
-            self._local.session.handle(Text(self.turn_id, text))
+            self._local.session.handle(Text(self.turn_id, text, **options))
 
     async def end_input(self) -> None:
         if not (self._ended or self._cancelled or self._done):
@@ -414,6 +474,8 @@ class RemoteBackend(Backend):
         self.voice = voice
         self.sample_rate = sample_rate
         self.heartbeat = HEARTBEAT_S if heartbeat is None else heartbeat
+        self._voices: frozenset[str] | None = None  # the worker's voices, once start() asked
+        self._languages: dict[str | None, str | None] = {}  # ... and their languages
         self._credentials = credentials or Credentials()
         self._session = session
         self._owns_session = session is None
@@ -421,8 +483,38 @@ class RemoteBackend(Backend):
         self._all: set[_Connection] = set()
 
     async def start(self) -> None:
-        """Open one connection now, so the first turn starts warm and bad settings show early."""
-        self._idle.append(await self._connect())
+        """Open one connection now, so the first turn starts warm and bad settings show early;
+        learn the engine's voices (``GET /v1/voices``), so :meth:`update_options` can refuse a
+        voice the worker lacks at once."""
+        conn = await self._connect()
+        self._idle.append(conn)
+        self._voices = await self._worker_voices(conn.ready.get("engine"))
+
+    async def _worker_voices(self, engine: str | None) -> frozenset[str] | None:
+        """The names ``GET /v1/voices`` lists for ``engine`` (None: not known — an older worker,
+        or no answer; the worker then checks each turn's voice itself)."""
+        url = "http" + self.url[len("ws"):].removesuffix("/v1/tts/stream") + "/v1/voices"
+        try:
+            async with self._session.get(url, headers=self._credentials.headers(),
+                                         timeout=aiohttp.ClientTimeout(total=CONNECT_TIMEOUT)) as response:
+                if response.status != 200:
+                    return None
+                listed = (await response.json()).get("voices") or []
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError):
+            return None
+        mine = [v for v in listed if isinstance(v, dict) and v.get("engine") == engine]
+        self._languages = {v.get("name"): v.get("language") for v in mine}
+        self._languages[None] = self._languages["default"] = mine[0].get("language") if mine else None
+        names = frozenset(v.get("name") for v in mine)
+        return names or None
+
+    def _voice_language(self, voice: str | None) -> str | None:
+        return self._languages.get(voice)
+
+    def _check_voice(self, voice: str) -> None:
+        known = self._voices
+        if known and voice not in known and voice != "default":
+            raise MynaError("unknown_voice", f"the worker has no voice {voice!r}; available: {', '.join(sorted(known))}")
 
     async def _connect(self) -> "_Connection":
         if self._session is None:
@@ -563,8 +655,9 @@ class _RemoteTurn(_EventTurn):
     of it was spoken, so nothing is heard twice."""
 
     def __init__(self, conn: _Connection):
-        super().__init__()
+        super().__init__(conn._backend._turn_options())
         self._conn = conn
+        self._first = True  # the next text message is the turn's first: it carries the options
         self._replay: list[dict] = []  # every message sent before turn_started, for a move
         self._moved = False
         self._moving: asyncio.Task | None = None
@@ -590,7 +683,11 @@ class _RemoteTurn(_EventTurn):
             while True:
                 while self._pending:
                     text, self._pending = self._pending[:MAX_MESSAGE_CHARS], self._pending[MAX_MESSAGE_CHARS:]
-                    await self._send({"type": "text", "turn_id": self.turn_id, "text": text})
+                    message = {"type": "text", "turn_id": self.turn_id, "text": text}
+                    if self._first:
+                        message.update(self._options)
+                        self._first = False
+                    await self._send(message)
                 if self._ending.is_set():
                     return
                 try:  # hold what comes next for a moment, to send it as one message

@@ -54,8 +54,8 @@ import asyncio
 import logging
 
 from livekit.agents import APIConnectionError, APIConnectOptions, APIError, APIStatusError, tts
-from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS, TimedString
-from livekit.agents.utils import shortuuid
+from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS, NOT_GIVEN, NotGivenOr, TimedString
+from livekit.agents.utils import is_given, shortuuid
 
 from myna.access import ACCESS_STATUS, Credentials
 from myna.engines import Engine
@@ -78,6 +78,7 @@ class TTS(tts.TTS):
         url: a running Myna worker (``http://host:port``); uses ``GET /v1/tts/stream``.
         engine_name: the worker's engine (remote only; None: its default).
         voice: voice name (None: the engine's default).
+        speed: pace, 0.5 to 2.0 × the voice's own (None: 1.0).
         sample_rate: output rate in Hz (None: the engine's native rate in-process, 24000 remote).
         token: access token for a worker with keys (remote only; None: ``MYNA_TOKEN``).
         api_key, api_secret: the worker's key pair, to mint a token per connection instead
@@ -91,6 +92,7 @@ class TTS(tts.TTS):
         url: str | None = None,
         engine_name: str | None = None,
         voice: str | None = None,
+        speed: float | None = None,
         sample_rate: int | None = None,
         token: str | None = None,
         api_key: str | None = None,
@@ -107,6 +109,8 @@ class TTS(tts.TTS):
         )
         self._backend = backend
         self._started: asyncio.Task | None = None
+        if speed is not None:
+            self.update_options(speed=speed)
 
     @property
     def model(self) -> str:
@@ -135,6 +139,27 @@ class TTS(tts.TTS):
         except MynaError as exc:
             self._started = None if exc.code in RETRYABLE_CODES else self._started
             raise _api_error(exc) from None
+
+    def update_options(self, *, voice: NotGivenOr[str] = NOT_GIVEN, speed: NotGivenOr[float] = NOT_GIVEN,
+                       language: NotGivenOr[str] = NOT_GIVEN) -> None:
+        """Speak the segments that start from now on in ``voice``, at ``speed`` (0.5 to 2.0 ×
+        the voice's pace) and/or in ``language`` (a tag the voice must speak; it does not change
+        how the voice reads); a segment being spoken keeps its own. Nothing reconnects.
+
+        Raises:
+            ValueError: a speed outside 0.5 to 2.0 or not a number, a voice that is not a
+                non-empty string, or (in-process) a voice the engine lacks; its message starts
+                with the Myna code (``bad_speed``, ``bad_message``, ``unknown_voice``,
+                ``bad_language``, ``wrong_language``). Nothing
+                changes. A voice a remote worker lacks fails the next segment instead
+                (``APIError``, code ``unknown_voice``); the segments after it are spoken.
+        """
+        try:
+            self._backend.update_options(voice=voice if is_given(voice) else None,
+                                         speed=speed if is_given(speed) else None,
+                                         language=language if is_given(language) else None)
+        except MynaError as exc:
+            raise ValueError(str(exc)) from None
 
     def synthesize(self, text: str, *, conn_options: APIConnectOptions = DEFAULT_API_CONNECT_OPTIONS) -> tts.ChunkedStream:
         """Non-streaming synthesis of ``text`` (one segment)."""

@@ -62,18 +62,20 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
 
 from loguru import logger
 from pipecat.frames.frames import (
     CancelFrame, EndFrame, Frame, InterruptionFrame, StartFrame, TTSAudioRawFrame, TTSStoppedFrame,
 )
 from pipecat.processors.frame_processor import FrameDirection
-from pipecat.services.settings import TTSSettings
+from pipecat.services.settings import NOT_GIVEN, NotGiven, TTSSettings, is_given
 from pipecat.services.tts_service import TextAggregationMode, TTSService
 from pipecat.utils.errors import ErrorCategory
 
 from myna.access import ACCESS_STATUS, Credentials
 from myna.engines import Engine
+from myna.engines.base import check_speed
 from myna.integrations.backend import Audio, Backend, MynaError, Notice, Turn, create_backend
 from myna.text.intake import speech_in
 
@@ -88,6 +90,15 @@ STOP_FRAME_TIMEOUT_S = 30.0
 _ACCESS_CATEGORIES = {401: ErrorCategory.AUTHENTICATION, 403: ErrorCategory.AUTHORIZATION}
 
 
+@dataclass
+class MynaTTSSettings(TTSSettings):
+    """The settings of :class:`MynaTTSService` that a ``TTSUpdateSettingsFrame`` may change:
+    Pipecat's ``model``, ``voice``, ``language``, and ``speed`` (0.5 to 2.0 × the voice's pace;
+    None: the voice's own)."""
+
+    speed: float | None | NotGiven = field(default_factory=lambda: NOT_GIVEN)
+
+
 class MynaTTSService(TTSService):
     """Pipecat TTS service backed by Myna, in-process or remote.
 
@@ -97,13 +108,27 @@ class MynaTTSService(TTSService):
         url: a running Myna worker (``http://host:port``); uses ``GET /v1/tts/stream``.
         engine_name: the worker's engine (remote only; None: its default).
         voice: voice name (None: the engine's default).
+        speed: pace, 0.5 to 2.0 × the voice's own (None: 1.0).
         sample_rate: output rate in Hz (None: the pipeline's ``audio_out_sample_rate``).
         token: access token for a worker with keys (remote only; None: ``MYNA_TOKEN``).
         api_key, api_secret: the worker's key pair, to mint a token per connection instead
             (None: ``MYNA_API_KEY``/``MYNA_API_SECRET``); see :class:`myna.access.Credentials`.
         text_aggregation_mode: TOKEN (default, lowest latency) or SENTENCE.
         **kwargs: passed to ``TTSService``.
+
+    ``TTSUpdateSettingsFrame(delta=MynaTTSService.Settings(voice=..., speed=...))`` (or the
+    legacy ``settings={"voice": ..., "speed": ...}``) changes them mid-session: the next reply
+    (audio context) is spoken with them, the one in progress keeps its own; nothing reconnects.
+    A bad value (a speed outside 0.5 to 2.0, a voice the in-process engine lacks) is one
+    ``ErrorFrame`` naming it, and the setting keeps its value; a voice a remote worker lacks is
+    an ``ErrorFrame`` (``unknown_voice``) for the reply that asked for it, and the pipeline goes
+    on. ``language`` (a tag, or Pipecat's ``Language``) goes with each turn and is checked
+    against the voice's (``wrong_language``: an ``ErrorFrame``, the setting keeps its value);
+    it does not change how the voice reads.
     """
+
+    Settings = MynaTTSSettings
+    _settings: MynaTTSSettings
 
     def __init__(
         self,
@@ -112,6 +137,7 @@ class MynaTTSService(TTSService):
         url: str | None = None,
         engine_name: str | None = None,
         voice: str | None = None,
+        speed: float | None = None,
         sample_rate: int | None = None,
         token: str | None = None,
         api_key: str | None = None,
@@ -122,6 +148,8 @@ class MynaTTSService(TTSService):
         if engine is not None and url is not None:
             raise ValueError("pass either engine (in-process) or url (remote), not both")
         model = url is not None and (engine_name or "default") or (engine.name if engine else "piper")
+        if speed is not None:
+            speed = check_speed(speed)  # (raises bad_speed now, not at start)
         transforms = [*(kwargs.pop("text_transforms", None) or []), ("*", self._hold_until_speech)]
         kwargs.setdefault("stop_frame_timeout_s", STOP_FRAME_TIMEOUT_S)
         super().__init__(
@@ -130,7 +158,7 @@ class MynaTTSService(TTSService):
             push_stop_frames=True,
             push_text_frames=False,
             sample_rate=sample_rate,
-            settings=TTSSettings(model=model, voice=voice, language=None),
+            settings=MynaTTSSettings(model=model, voice=voice, language=None, speed=speed),
             text_transforms=transforms,
             **kwargs,
         )
@@ -169,12 +197,35 @@ class MynaTTSService(TTSService):
         if self._backend is None:
             self._backend = create_backend(
                 engine=self._engine, url=self._url, engine_name=self._engine_name,
-                voice=self._voice, sample_rate=self.sample_rate, credentials=self._credentials,
+                voice=self._settings.voice or None, sample_rate=self.sample_rate, credentials=self._credentials,
             )
             try:
+                self._backend.update_options(speed=self._settings.speed)
                 await self._backend.start()
+                if self._settings.language:
+                    self._backend.update_options(language=getattr(self._settings.language, "value",
+                                                                  self._settings.language))
             except MynaError as exc:  # an ErrorFrame, not a stack trace; the pipeline starts
                 await self.push_error(error_msg=f"Myna TTS: {exc}", exception=exc)
+
+    async def _update_settings(self, delta: TTSSettings) -> dict:
+        """A ``TTSUpdateSettingsFrame``: check ``voice`` and ``speed``, apply them to the replies
+        that start from now on (see the class docstring); a bad one is an ``ErrorFrame`` and is
+        not applied (the other fields of the delta are)."""
+        for name in ("voice", "speed", "language"):
+            value = getattr(delta, name, NOT_GIVEN)
+            if not is_given(value) or value is None:
+                continue
+            value = getattr(value, "value", value)  # (a pipecat Language is an enum of tags: "en-US")
+            try:
+                if self._backend is not None:
+                    self._backend.update_options(**{name: value})
+                elif name == "speed":  # (before start: voice and language are checked when the backend opens)
+                    check_speed(value)
+            except MynaError as exc:
+                setattr(delta, name, NOT_GIVEN)
+                await self.push_error(error_msg=f"Myna TTS: {name} not changed: {exc}", exception=exc)
+        return await super()._update_settings(delta)
 
     async def stop(self, frame: EndFrame):
         await super().stop(frame)

@@ -286,7 +286,8 @@ class MynaClient:
         self.channel.send(json.dumps(message) if isinstance(message, dict) else message)
 
     async def speak(self, text: str, tokens_per_s: float | None = 30.0, turn_id: str | None = None,
-                    timeout: float = 60.0, quiet_tail_s: float | None = None) -> TurnResult:
+                    timeout: float = 60.0, quiet_tail_s: float | None = None, voice: str | None = None,
+                    speed: float | None = None) -> TurnResult:
         """Stream one turn's text as token chunks, then ``end_turn``; wait for ``turn_done``.
 
         Args:
@@ -298,11 +299,14 @@ class MynaClient:
                 has been inaudible (for a peer that reports the end before its transport has
                 sent the audio; at most ``timeout``). None: Myna's ``turn_done`` follows the
                 last frame, so only the frames in flight are waited for.
+            voice, speed: the turn's options, sent on its first chunk (``text.voice``,
+                ``text.speed``; None: the session's).
         """
         turn_id = turn_id or uuid.uuid4().hex[:12]
         start = len(self.frames)
         t0 = time.monotonic()
-        sender = asyncio.ensure_future(self._send_chunks(turn_id, text, tokens_per_s))
+        options = {k: v for k, v in (("voice", voice), ("speed", speed)) if v is not None}
+        sender = asyncio.ensure_future(self._send_chunks(turn_id, text, tokens_per_s, options))
         events = []
         try:
             while True:
@@ -334,12 +338,12 @@ class MynaClient:
                 return
             await asyncio.sleep(quiet_s / 4)
 
-    async def _send_chunks(self, turn_id: str, text: str, tokens_per_s: float | None) -> None:
+    async def _send_chunks(self, turn_id: str, text: str, tokens_per_s: float | None, options: dict | None = None) -> None:
         t0 = time.monotonic()
         for i, chunk in enumerate(token_chunks(text)):
             if tokens_per_s:
                 await asyncio.sleep(max(0.0, t0 + i / tokens_per_s - time.monotonic()))
-            self.send({"type": "text", "turn_id": turn_id, "text": chunk})
+            self.send({"type": "text", "turn_id": turn_id, "text": chunk, **((options or {}) if i == 0 else {})})
         self.send({"type": "end_turn", "turn_id": turn_id})
 
     async def close(self) -> None:

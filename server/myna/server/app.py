@@ -278,7 +278,8 @@ async def _healthz(request: web.Request) -> web.Response:
 
 async def _voices(request: web.Request) -> web.Response:
     """``GET /v1/voices``: every voice of every loaded engine the token may use: ``name``,
-    ``engine``, ``language`` (the voice config's; null when unknown), ``sample_rate`` (Hz), ``speakers``."""
+    ``engine``, ``language`` (the voice config's; null when unknown), ``sample_rate`` (Hz), ``speakers``,
+    and ``scripts`` (the scripts it reads) where the engine says."""
     worker = request.app[WORKER_KEY]
     grant = worker.authorize(request)
     voices = []
@@ -286,7 +287,8 @@ async def _voices(request: web.Request) -> web.Response:
         if grant is not None and grant.engines is not None and name not in grant.engines:
             continue
         voices += [{"name": v["name"], "engine": name, "language": v["language"], "sample_rate": v["sample_rate"],
-                    "speakers": v["speakers"]} for v in engine.voice_catalogue()]
+                    "speakers": v["speakers"], **({"scripts": v["scripts"]} if v.get("scripts") else {})}
+                   for v in engine.voice_catalogue()]
     return web.json_response({"voices": voices})
 
 

@@ -20,8 +20,10 @@ The request body (JSON):
 - ``response_format``: :data:`myna.audio.encode.FORMATS` (``mp3``, OpenAI's default, ``opus``,
   ``aac``, ``flac``, ``wav``, ``pcm`` = raw s16le mono at 24 kHz, and ``pcm_mulaw`` /
   ``pcm_alaw`` = raw G.711 at 8 kHz).
-- ``speed``: 1.0 only (0.25–4.0 is OpenAI's range; Myna's engines speak at their own pace, so
-  any other value is refused with 400 ``unsupported_speed`` rather than ignored).
+- ``speed``: 0.5 to 2.0 × the voice's pace (Piper: its length scale, see
+  :meth:`myna.engines.SynthesisStream.set_speed`); OpenAI's range is 0.25–4.0, and a value in
+  it but outside Myna's is 400 ``unsupported_speed`` naming Myna's range, as is any speed but
+  1.0 on an engine that speaks at its own pace (DSM), rather than ignored.
 - ``instructions`` (``gpt-4o-mini-tts``'s style prompt): accepted and ignored.
 - ``stream_format``: ``audio`` (the default: the encoded audio is the body) or ``sse`` (OpenAI's
   server-sent events, ``text/event-stream``: each encoded piece is one ``speech.audio.delta``
@@ -53,6 +55,7 @@ from aiohttp import web
 
 from myna.audio.encode import FORMATS, AudioFormat, StreamEncoder, available_formats
 from myna.audio.unpaced import UnpacedOutput
+from myna.engines.base import MAX_SPEED, MIN_SPEED
 from myna.errors import HTTPError
 from myna.events import Error, Event, TurnDone
 from myna.messages import EndTurn, Text, quote_input
@@ -75,7 +78,7 @@ DEFAULT_FORMAT = "mp3"
 MAX_QUEUED_AUDIO_BYTES = 16 * 2**20
 _TURN_ID = "speech"
 #: Errors that may come before any audio and are the request's fault (400), not the worker's (500).
-_CLIENT_CODES = frozenset({"unsupported_language", "turn_too_long", "nothing_to_speak"})
+_CLIENT_CODES = frozenset({"unsupported_language", "turn_too_long", "nothing_to_speak", "unsupported_speed"})
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error"}
 
@@ -143,9 +146,10 @@ class SpeechRequest:
         if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not math.isfinite(speed) \
                 or not 0.25 <= speed <= 4.0:
             raise SpeechError(400, "bad_request", '"speed" must be a number from 0.25 to 4.0', "speed")
-        if speed != 1.0:
-            raise SpeechError(400, "unsupported_speed", "Myna's engines speak at their own pace: only speed 1.0 "
-                                                        "is supported", "speed")
+        if not MIN_SPEED <= speed <= MAX_SPEED:
+            raise SpeechError(400, "unsupported_speed", f"Myna speaks from speed {MIN_SPEED:g} to {MAX_SPEED:g} "
+                                                        f"(1.0: the voice's own pace), not {speed:g}", "speed")
+        self.speed = float(speed)  # (an engine that cannot change its pace refuses any but 1.0: unsupported_speed)
         stream_format = body.get("stream_format", "audio")
         if stream_format not in (None, "audio", "sse"):
             raise SpeechError(400, "unsupported_stream_format", '"stream_format" must be "audio" or "sse"',
@@ -167,6 +171,7 @@ class SpeechTurn:
         self._worker = worker
         self._fmt = request.fmt
         self._sse = request.sse
+        self._speed = request.speed
         self._items: deque[bytes] = deque()
         self._queued = 0
         self._overflowed = False
@@ -210,7 +215,7 @@ class SpeechTurn:
     async def respond(self, request: web.Request, text: str) -> web.StreamResponse:
         """Speak ``text`` into a chunked response; an error before the first audio is an
         OpenAI error response instead."""
-        self.session.handle(Text(_TURN_ID, text))
+        self.session.handle(Text(_TURN_ID, text, speed=self._speed if self._speed != 1.0 else None))
         self.session.handle(EndTurn(_TURN_ID))
         encoder = StreamEncoder(self._fmt)
         response: web.StreamResponse | None = None
@@ -257,7 +262,8 @@ class SpeechTurn:
             return openai_error(400, "nothing_to_speak", "the input has nothing to speak", "input")
         error = self.errors[0]  # (counted in the metrics by the session)
         status = 503 if error.code == "draining" else 400 if error.code in _CLIENT_CODES else 500
-        return openai_error(status, error.code, error.message, "input" if status == 400 else None,
+        param = {"unsupported_speed": "speed", "unknown_voice": "voice"}.get(error.code, "input")
+        return openai_error(status, error.code, error.message, param if status == 400 else None,
                             30 if status == 503 else None)
 
 

@@ -10,7 +10,7 @@ import { Lane, audioContext, SAMPLE_RATE } from "./lane.js";
 import { longSilences, placeGaps, LONG_SILENCE_MS } from "./gaps.js";
 import { summary, winnerOf, MIN_SAMPLES } from "./stats.js";
 import { tokenChunks } from "./tokens.js";
-import { askForToken, hasToken } from "./auth.js";
+import { askForToken, authHeaders, hasToken } from "./auth.js";
 
 const $ = (id) => document.getElementById(id);
 const ui = {
@@ -18,6 +18,8 @@ const ui = {
   statusText: $("status-text"),
   text: $("text"),
   rate: $("rate"),
+  voice: $("voice"),
+  speed: $("speed"),
   listen: $("listen"),
   race: $("race"),
   stop: $("stop"),
@@ -72,7 +74,7 @@ const requested = (params.get("lanes") || params.get("engine") || "")
   .map((s) => s.trim())
   .filter(Boolean);
 
-const health = { state: "checking", engines: [] };
+const health = { state: "checking", engines: [], voices: null }; // voices: GET /v1/voices, once ready
 let roomLane = false; // the worker offers the "via LiveKit room" lane (room-lane.js)
 /** @type {Map<string, object>} name → lane entry (see addLane) */
 const entries = new Map();
@@ -407,7 +409,7 @@ async function startRace() {
   // Every lane gets its first chunk in this same task: Lane.speak() sends it synchronously when
   // the lane is idle, so the lanes start within microseconds of each other.
   const speaking = lanes.map((entry) => {
-    const p = entry.lane.speak(text, rate);
+    const p = entry.lane.speak(text, rate, turnOptions(entry));
     p.then((turn) => {
       entry.turn = turn;
       renderLane(entry);
@@ -653,6 +655,42 @@ function renderControls() {
   for (const e of entries.values()) e.toggle.disabled = e.toggle.disabled || running;
 }
 
+/** Fill the voice picker from GET /v1/voices (name, engine, language), once the worker is ready. */
+async function loadVoices() {
+  health.voices = [];
+  try {
+    const res = await fetch("/v1/voices", { cache: "no-store", headers: authHeaders() });
+    if (!res.ok) throw new Error(`GET /v1/voices: ${res.status}`);
+    const body = await res.json();
+    health.voices = Array.isArray(body.voices) ? body.voices : [];
+  } catch {
+    health.voices = null; // try again at the next health poll
+    return;
+  }
+  const chosen = ui.voice.value || voice || "";
+  const byName = new Map();
+  for (const v of health.voices) {
+    if (!byName.has(v.name)) byName.set(v.name, { language: v.language, engines: [] });
+    byName.get(v.name).engines.push(v.engine);
+  }
+  ui.voice.replaceChildren(new Option("Each engine's default", ""));
+  for (const [name, v] of byName) ui.voice.append(new Option(v.language ? `${name} (${v.language})` : name, name));
+  ui.voice.value = byName.has(chosen) ? chosen : "";
+}
+
+/**
+ * The options a lane's turn carries: the picked voice where the lane's engine has it (GET
+ * /v1/voices), and the speed when it is not 1×.
+ */
+function turnOptions(entry) {
+  const options = {};
+  const picked = ui.voice.value;
+  if (picked && (health.voices || []).some((v) => v.name === picked && v.engine === entry.name)) options.voice = picked;
+  const speed = Number(ui.speed.value);
+  if (speed && speed !== 1) options.speed = speed;
+  return options;
+}
+
 async function pollHealth() {
   try {
     const res = await fetch("/healthz", { cache: "no-store" });
@@ -664,6 +702,7 @@ async function pollHealth() {
     health.state = "down";
   }
   for (const name of health.engines) addLane(name);
+  if (health.state === "ready" && health.voices === null) loadVoices();
   if (health.state === "down") abandonRace();
   for (const entry of entries.values()) {
     if (health.engines.length) entry.available = entry.name === ROOM_LANE ? roomLane : health.engines.includes(entry.name);

@@ -359,10 +359,11 @@ export class Lane extends EventTarget {
 
   /**
    * Speak `text`: stream it as LLM-like token chunks at `tokensPerSecond` (null or 0 = all at
-   * once), then end the turn. If a turn is still playing it is interrupted first.
+   * once), then end the turn. If a turn is still playing it is interrupted first. `options`
+   * (`voice`, `speed`) go with the turn's first chunk, the contract's per-turn options.
    * @returns {Promise<object>} the turn record (updated in place as events arrive)
    */
-  async speak(text, tokensPerSecond = 30) {
+  async speak(text, tokensPerSecond = 30, options = {}) {
     if (this.state !== "connected" || !this.dc || this.dc.readyState !== "open") throw new Error("not connected");
     if (this.current) {
       const previous = this.current;
@@ -376,7 +377,13 @@ export class Lane extends EventTarget {
     this.current = turn;
     const chunks = tokenChunks(text);
     const dc = this.dc;
-    const send = (chunk) => dc.readyState === "open" && dc.send(JSON.stringify({ type: "text", turn_id: turn.id, text: chunk }));
+    let first = true;
+    const send = (chunk) => {
+      if (dc.readyState !== "open") return false;
+      dc.send(JSON.stringify({ type: "text", turn_id: turn.id, text: chunk, ...(first ? options : {}) }));
+      first = false;
+      return true;
+    };
     const end = () => dc.readyState === "open" && dc.send(JSON.stringify({ type: "end_turn", turn_id: turn.id }));
 
     if (chunks.length) {
