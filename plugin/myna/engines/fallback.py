@@ -227,6 +227,11 @@ class FallbackStream(SynthesisStream):
         self._task = self._loop.create_task(self._run())
 
     # -- text in: to the active engine, and tracked -------------------------------------------
+    def set_normalise(self, on: bool) -> None:
+        super().set_normalise(on)  # (a fallback's stream resumes from a copy of this intake)
+        if self._active is not None:
+            self._active.set_normalise(on)
+
     def push_text(self, chunk: str) -> None:
         self._last_text_at = self._now()
         super().push_text(chunk)

@@ -56,7 +56,7 @@ from myna.engines.scheduler import HORIZON_S, DeadlineScheduler
 from myna.text import ClauseChunker, Pause, SentenceChunker, WholeChunker
 from myna.text import said
 from myna.text.normalise import ends_clause
-from myna.text.verbalise import verbalise
+from myna.text.verbalise import drop_stop, inner_stops
 
 log = logging.getLogger(__name__)
 
@@ -453,9 +453,10 @@ class _UnitOut:
 class PiperStream(SynthesisStream):
     """One turn on the Piper engine: units are synthesised in order as they complete.
 
-    Each unit is verbalised first (:func:`myna.text.verbalise.verbalise`: prices, years, Roman
-    numerals, abbreviations in words; stops that end no sentence removed), with the words of
-    the unit before it as context; word events carry the written words. A ``<break>`` becomes
+    Words come from the text front end marked with how they are said (prices, years, phone
+    numbers, dates, codes…: :mod:`myna.text.normaliser`); the voice reads the spoken forms, less
+    the full stops that end no sentence (:func:`myna.text.verbalise.inner_stops`, the words of
+    the unit before as context); word events carry the written words. A ``<break>`` becomes
     silence: its length less the silence already at the end of the audio before it, and the
     unit after it starts with :data:`JOIN_LEAD_MS` of lead-in, so the gap heard is the pause (a
     break before the turn's first words is dropped: it would only delay them). A unit cut
@@ -536,9 +537,13 @@ class PiperStream(SynthesisStream):
         for unit in units:
             if isinstance(unit, str):
                 words = unit.split()
-                written = [said.split(w)[0] for w in words]
-                spoken = [form if given is None else given
-                          for form, (_, given) in zip(verbalise(written, self._said), map(said.split, words))]
+                written = [said.text_of(w) for w in words]
+                # The front end marked what is said otherwise (myna.text.normaliser); the voice
+                # is not given a full stop that ends no sentence ("Mr. Smith", "Jr. was").
+                spoken = [drop_stop(form) if inner else form
+                          for form, inner in zip((given if given is not None else word
+                                                  for word, (_, given) in zip(words, map(said.split, words))),
+                                                 inner_stops(written, self._said))]
                 unit = _Unit(words, spoken)
                 self._said = written
             self._units.put_nowait(unit)
