@@ -42,6 +42,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -325,6 +326,16 @@ class PiperVariant(EngineWrapper):
         return self.base.stream(voice, group, strategy=self.strategy)
 
 
+_LONE_A = re.compile(r"(?<![\w'\u2019])A(?![\w'\u2019])")
+
+
+def _letters(spoken: str) -> str:
+    """A given spoken form as espeak-ng should read it: a lone capital ``A`` there is the letter
+    (the normaliser spells codes as capitals, ``"A one B two"``), which espeak-ng reads as the
+    article; ``"eh"`` it reads /eɪ/."""
+    return _LONE_A.sub("eh", spoken) if "A" in spoken else spoken
+
+
 def _phonemes(split, text: str) -> list[list[str]]:
     """The text's phonemes by sentence (:meth:`myna.engines.vits.SplitVoice.phonemes`), with
     IPA given between :data:`myna.text.said.IPA` marks taken as it is (one word each)."""
@@ -541,7 +552,7 @@ class PiperStream(SynthesisStream):
                 # The front end marked what is said otherwise (myna.text.normaliser); the voice
                 # is not given a full stop that ends no sentence ("Mr. Smith", "Jr. was").
                 spoken = [drop_stop(form) if inner else form
-                          for form, inner in zip((given if given is not None else word
+                          for form, inner in zip((_letters(given) if given is not None else word
                                                   for word, (_, given) in zip(words, map(said.split, words))),
                                                  inner_stops(written, self._said))]
                 unit = _Unit(words, spoken)

@@ -30,7 +30,8 @@ What is dropped:
   ``https://docs.python.org/3/library/re.html`` → ``docs.python.org``: enough for a listener
   to know where to go, without reading out long paths and query strings. A web address
   without a scheme (``acme.com/help``, a known top-level domain) is kept whole too; the
-  normaliser (:mod:`myna.text.readings`) reads it "acme dot com slash help".
+  normaliser (:mod:`myna.text.readings`) reads it "acme dot com slash help". E-mail addresses
+  are kept whole (``sam_lee@mail.com``).
 - ``+`` and ``#`` opening a word before a digit (``+44``, ``#48213``) are kept: "plus", "number".
 """
 
@@ -72,6 +73,8 @@ WEB_DOMAINS = frozenset("com org net edu gov io ai dev app co uk us de fr ca au 
 _WEB_WORD = re.compile(r"^(?P<lead>[\"'“‘«(\[<]*)"
                        r"(?P<web>(?P<host>(?:[A-Za-z0-9-]+\.)+(?P<tld>[A-Za-z]{2,6}))(?:/[A-Za-z0-9._~-]+)*/?)"
                        r"(?P<trail>[.,;:!?…\"'”’»)\]>]*)$")
+_EMAIL_WORD = re.compile(r"^(?P<lead>[\"'“‘«(\[<]*)(?P<mail>[A-Za-z0-9][A-Za-z0-9._%+-]*@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+)"
+                         r"(?P<trail>[.,;:!?…\"'”’»)\]>]*)$")
 _PATH_SEGMENT = re.compile(r"[A-Za-z0-9._~-]+")
 #: The longest URL path kept (segments, characters).
 URL_PATH_SEGMENTS, URL_PATH_CHARS = 2, 30
@@ -124,6 +127,8 @@ def normalise_word(word: str) -> str:
     text = _URL.sub(_url_host, text)
     if (web := _WEB_WORD.match(text)) and web["tld"].lower() in WEB_DOMAINS and re.search("[A-Za-z]", web["host"]):
         return _filter_chars(web["lead"]) + web["web"].rstrip("/") + _filter_chars(web["trail"])
+    if mail := _EMAIL_WORD.match(text):  # kept whole: "sam_lee@mail.com" (the normaliser says "_")
+        return _filter_chars(mail["lead"]) + mail["mail"] + _filter_chars(mail["trail"])
     text = re.sub(r"(?<!-)--(?!-)", "—", text)  # ASCII em dash
     text = _VARIATION.sub("", text)
     text = _filter_chars(text)

@@ -119,7 +119,7 @@ def read_text(text: str, enabled: bool = True) -> str:
     by its spoken form (tests and the WER check compare with this).
 
     >>> read_text("Call 555-0199 at 5pm.")
-    'Call five five five, zero one nine nine at five P M.'
+    'Call five five five, zero one nine nine at five PM.'
     """
     from myna.text.intake import TextIntake
 

@@ -14,7 +14,7 @@ which every engine's words go through. It reads, in this order:
   (month first, the US order; day first when the first number is over 12), ``March 14``,
   ``14 March``, ``Mar. 14th`` with the day as an ordinal;
 - times: ``5:30pm``, ``5:30 p.m.``, ``17:45``, ``9:05`` ("nine oh five"), ``10am``, ``12:00``
-  ("twelve o'clock"), ``pm`` / ``a.m.`` after a time "P M" / "A M";
+  ("twelve o'clock"), ``pm`` / ``a.m.`` after a time "PM" / "AM";
 - units after a number (``10kg``, ``5 km``, ``2.5GB``, ``72°F``, ``30 mph``, ``500 ml``): the
   unit's name, singular after exactly one (``1 kg`` "one kilogram");
 - ordinals (``21st`` "twenty-first"), percentages (``15%``, ``2.5 %``), version numbers
@@ -88,6 +88,8 @@ _GLUED_ONLY = frozenset({"h", "f", "c", "in.", "m", "g", "l", "w", "v"})
 CURRENCY_CODES = {"usd": ("dollar", "dollars"), "eur": ("euro", "euros"), "gbp": ("pound", "pounds"),
                   "cad": ("Canadian dollar", "Canadian dollars"), "aud": ("Australian dollar", "Australian dollars"),
                   "jpy": ("yen", "yen"), "inr": ("rupee", "rupees"), "chf": ("Swiss franc", "Swiss francs")}
+#: How "am" and "pm" after a time are said.
+AMPM_SAID = {"a": "AM", "p": "PM"}  # (a capital pair: the voices spell it, "A M" has Piper pause)
 #: Two-letter country domains said as a word, not spelled.
 _SAID_DOMAINS = frozenset({"co", "me"})
 _FRACTIONS = {2: ("half", "halves"), 4: ("quarter", "quarters")}
@@ -162,7 +164,7 @@ def read(word: str, context: Context) -> tuple[str | None, str]:
     >>> read("555-123-4567", Context([], None))
     ('five five five, one two three, four five six seven', 'phone')
     >>> read("5:30pm,", Context(["at"], "please"))
-    ('five thirty P M', 'time')
+    ('five thirty PM', 'time')
     """
     lead, core, trail = split(word)
     if not core:
@@ -329,7 +331,7 @@ def _time(core: str, trail: str, c: Context):
     if _AMPM.match(core):
         prev_core = split(c.before[-1])[1] if c.before else ""
         if re.fullmatch(r"\d{1,2}(?::\d{2})?", prev_core) and c.before[-1] == prev_core:
-            return f"{_AMPM.match(core)['ap'].upper()} M", "time"
+            return AMPM_SAID[_AMPM.match(core)["ap"].lower()], "time"
         return None
     m = _TIME.match(core)
     if not m or (m["m"] is None and m["ap"] is None):
@@ -337,7 +339,7 @@ def _time(core: str, trail: str, c: Context):
     h = int(m["h"])
     if h > 24 or (m["ap"] and not 1 <= h <= 12) or (m["m"] and int(m["m"]) > 59):
         return None
-    ampm = f" {m['ap'][0].upper()} M" if m["ap"] else ""
+    ampm = f" {AMPM_SAID[m['ap'][0].lower()]}" if m["ap"] else ""
     next_ampm = bool(_AMPM.match(c.next))
     if m["m"] is None or m["m"] == "00":
         spoken = v.cardinal(h) + ("" if ampm or next_ampm or m["m"] is None else " o'clock")
