@@ -5,7 +5,8 @@ which every engine's words go through. It reads, in this order:
 
 - phone numbers, digit by digit in their written groups, a pause (comma) between groups:
   ``555-123-4567``, ``(555) 123-4567``, ``+1 415 555 0100``, ``+44 20 7946 0958``,
-  ``1-800-555-0199``, ``555.123.4567`` ("five five five, one two three, …"; ``0`` is "zero");
+  ``1-800-555-0199``, ``555.123.4567`` ("five five five, one two three, …"; ``0`` is "zero"; a
+  group written as a word of its own ends with the pause when another follows);
 - e-mail addresses and web addresses: ``jane.doe@acme.com`` "jane dot doe at acme dot com",
   ``acme.com/returns`` "acme dot com slash returns" (``-`` "dash", ``_`` "underscore"; a label
   without a vowel is spelled: ``hr@acme.io`` "H R at acme dot I O"; two-letter country domains
@@ -13,7 +14,7 @@ which every engine's words go through. It reads, in this order:
 - dates: ISO ``2025-03-14`` and ``3/14/2025`` "March fourteenth, twenty twenty-five"; ``3/14``
   (month first, the US order; day first when the first number is over 12), ``March 14``,
   ``14 March``, ``Mar. 14th`` with the day as an ordinal;
-- times: ``5:30pm``, ``5:30 p.m.``, ``17:45``, ``9:05`` ("nine oh five"), ``10am``, ``12:00``
+- times: ``5:30pm``, ``5.30pm``, ``5:30 p.m.``, ``17:45``, ``9:05`` ("nine oh five"), ``10am``, ``12:00``
   ("twelve o'clock"), ``pm`` / ``a.m.`` after a time "PM" / "AM";
 - units after a number (``10kg``, ``5 km``, ``2.5GB``, ``72°F``, ``30 mph``, ``500 ml``): the
   unit's name, singular after exactly one (``1 kg`` "one kilogram");
@@ -106,7 +107,7 @@ _TLDS = frozenset("com org net edu gov io ai dev app co uk us de fr ca au info b
 _WEB = re.compile(r"^(?P<host>(?:[A-Za-z0-9-]+\.)+(?P<tld>[A-Za-z]{2,6}))(?P<path>(?:/[A-Za-z0-9._~%-]*)*)$")
 _ISO_DATE = re.compile(r"^(?P<y>\d{4})-(?P<m>\d{2})-(?P<d>\d{2})$")
 _SLASH_DATE = re.compile(r"^(?P<a>\d{1,2})/(?P<b>\d{1,2})(?:/(?P<y>\d{4}|\d{2}))?$")
-_TIME = re.compile(r"^(?P<h>\d{1,2})(?::(?P<m>\d{2}))?(?P<ap>[ap]\.?m\.?)?$", re.IGNORECASE)
+_TIME = re.compile(r"^(?P<h>\d{1,2})(?::(?P<m>\d{2})|\.(?P<dm>\d{2})(?=[ap]))?(?P<ap>[ap]\.?m\.?)?$", re.IGNORECASE)
 _AMPM = re.compile(r"^(?P<ap>[ap])\.?m\.?$", re.IGNORECASE)
 _ORDINAL = re.compile(r"^(?P<n>\d+)(?:st|nd|rd|th)$", re.IGNORECASE)
 _PERCENT = re.compile(rf"^(?P<sign>[-−]?)(?P<n>{_NUM})\s?%$")
@@ -206,7 +207,8 @@ def number(text: str, sign: str = "") -> str | None:
     amount = v._amount(text, False)
     if amount is None:
         return None
-    words = v.cardinal(amount)
+    whole, point, fraction = str(amount).partition(".")
+    words = v.cardinal(int(whole)) + (f" point {digits(text.rpartition('.')[2])}" if point else "")
     return f"minus {words}" if sign else words
 
 
@@ -225,13 +227,16 @@ def _phone(core: str, trail: str, c: Context):
         return ", ".join(parts), "phone"
     if _E164.match(core):
         return f"plus {digits(core)}", "phone"
-    if _PLUS.match(core) and c.nxt is not None and _GROUP.match(bare(c.nxt).strip("()")):
-        return f"plus {digits(core)}", "phone"
+    # a number in groups, one word each ("+44 20 7946 0958", "(555) 123-4567"): a pause between
+    more = c.nxt is not None and bool(_GROUP.match(bare(c.nxt).strip("()")) or _PHONE.match(bare(c.nxt)))
+    pause = "," if more else ""
+    if _PLUS.match(core) and more:
+        return f"plus {digits(core)}{pause}", "phone"
     pa = core.strip("()")
     if c.phone and _GROUP.match(pa):
-        return digits(pa), "phone"
-    if re.fullmatch(r"\(\d{3}\)|\d{3}", core) and c.nxt is not None and (_PHONE.match(bare(c.nxt)) or re.fullmatch(r"\d{3}-\d{4}", bare(c.nxt))):
-        return digits(core), "phone"
+        return digits(pa) + pause, "phone"
+    if re.fullmatch(r"\(\d{3}\)|\d{3}", core) and c.nxt is not None and _PHONE.match(bare(c.nxt)):
+        return digits(core) + pause, "phone"
     return None
 
 
@@ -336,6 +341,8 @@ def _time(core: str, trail: str, c: Context):
     m = _TIME.match(core)
     if not m or (m["m"] is None and m["ap"] is None):
         return None
+    if m["dm"]:  # "5.30pm"
+        m = _TIME.match(f"{m['h']}:{m['dm']}{m['ap']}")
     h = int(m["h"])
     if h > 24 or (m["ap"] and not 1 <= h <= 12) or (m["m"] and int(m["m"]) > 59):
         return None
