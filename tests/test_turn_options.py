@@ -100,3 +100,36 @@ async def test_a_turn_may_name_another_voice_and_the_session_voice_is_the_defaul
 def test_a_session_speed_out_of_range_is_an_error():
     with pytest.raises(EngineError, match="0.5 to 2"):
         session([], speed=4.0)
+
+
+# -- issue 25.4: the normaliser, per session ---------------------------------------------------
+
+
+async def _words_of(**options) -> list[str]:
+    sent: list = []
+    s = session(sent, engine=ToneEngine(), **options)
+    s.handle(parse_message(json.dumps({"type": "text", "turn_id": "t", "text": "Call 555-0199 at 5pm."})))
+    s.handle(parse_message(json.dumps({"type": "end_turn", "turn_id": "t"})))
+    for _ in range(200):
+        if any(e["type"] == "turn_done" for e in sent):
+            break
+        await asyncio.sleep(0.01)
+    await s.close()
+    return [e["word"] for e in sent if e["type"] == "word"]
+
+
+async def test_a_session_normalises_by_default_and_may_turn_it_off():
+    # (the tone engine reads no marks: it is handed the spoken words, and says them as its words)
+    assert await _words_of() == ["Call", "five", "five", "five,", "zero", "one", "nine", "nine", "at", "five", "PM."]
+    assert await _words_of(normalise=False) == ["Call", "555-0199", "at", "5pm."]
+
+
+@pytest.mark.parametrize(("value", "ok"), [(True, True), (False, True), (None, True), ("no", False), (0, False)])
+def test_config_normalise_is_true_or_false(value, ok):
+    raw = json.dumps({"type": "config", "normalise": value})
+    if ok:
+        assert parse_message(raw, config=True).normalise == value
+    else:
+        with pytest.raises(BadMessage) as caught:
+            parse_message(raw, config=True)
+        assert caught.value.code == "bad_config" and "normalise" in caught.value.message

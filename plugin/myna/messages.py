@@ -107,6 +107,7 @@ class Config:
     sample_rate: int | None = None
     format: str | None = None
     speed: float | None = None  # the session's default pace (0.5 to 2.0)
+    normalise: bool | None = None  # False: words reach the engine as written (myna.text.normaliser)
 
 
 Message = Text | EndTurn | Interrupt | Cancel | Commit | Pause | Resume | Config
@@ -202,7 +203,10 @@ def _config(obj: dict) -> Config:
         raise BadMessage("bad_config", f'"format" must be one of {", ".join(WS_FORMATS)}')
     if fmt in ("pcm_mulaw", "pcm_alaw") and rate not in (None, 8000):
         raise BadMessage("bad_config", f'"{fmt}" is G.711: its "sample_rate" is 8000 Hz')
-    return Config(engine, voice, rate, fmt, _speed(obj.get("speed")))
+    normalise = obj.get("normalise")
+    if normalise is not None and not isinstance(normalise, bool):
+        raise BadMessage("bad_config", '"normalise" must be true or false')
+    return Config(engine, voice, rate, fmt, _speed(obj.get("speed")), normalise)
 
 
 def _speed(speed: object, turn_id: str | None = None) -> float | None:

@@ -159,6 +159,8 @@ class Session:
         voice: voice name passed to the engine (None: its default); a turn may name another.
         speed: the session's pace (``speed`` × the voice's own; None: 1.0); a turn may ask for
             another on its first text (:meth:`myna.engines.SynthesisStream.set_speed`).
+        normalise: say phone numbers, dates, units, codes and numbers in words before the
+            engine reads them (:mod:`myna.text.normaliser`; the default); False: as written.
         limits: the turn limits applied (``max_turn_chars``, ``max_queued_turns``; None: off).
         max_hold_s: the start rule's budget: the longest a turn's ready first audio may be held (s).
         clock: monotonic clock in seconds.
@@ -173,12 +175,13 @@ class Session:
 
     def __init__(self, engine: Engine, output: Callable[["Session"], TurnOutput], send: EventSink, metrics: Metrics, *,
                  voice: str | None = None, speed: float | None = None, limits: Limits | None = None, max_hold_s: float = MAX_HOLD_S,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, normalise: bool = True):
         self.engine = engine
         self.send = send
         self.metrics = metrics
         self.voice = voice
         self.speed = 1.0 if speed is None else check_speed(speed)
+        self.normalise = bool(normalise)
         self.limits = limits or Limits.off()
         self.max_hold_s = max_hold_s
         self.clock = clock
@@ -321,6 +324,8 @@ class Session:
             except BaseException:
                 stream.cancel()  # (no turn: the group's next one must not wait for it)
                 raise
+        if not self.normalise:
+            stream.set_normalise(False)
         loop = asyncio.get_running_loop()
         turn = _Turn(turn_id, stream, text_at=self.clock(), sender=sender, last_text_at=loop.time(), prepared=prepare)
         self._turns[turn_id] = turn

@@ -37,6 +37,7 @@ def compared(text: str) -> str:
     return re.sub(r"\b([a-z])\s+(?=[a-z]\b)", r"\1", words(text))
 
 
+@pytest.mark.timeout(900)  # (48 renders and transcriptions on a shared CPU)
 async def test_the_agent_sentences_are_heard_as_intended(engine, whisper):
     references, heard, misses = [], [], []
     for sentence in SENTENCES:

@@ -23,6 +23,8 @@ The request body (JSON):
   any other value is refused with 400 ``unsupported_speed`` rather than ignored).
 - ``instructions`` (``gpt-4o-mini-tts``'s style prompt): accepted and ignored.
 - ``stream_format``: ``audio`` only (``sse`` is 400 ``unsupported_stream_format``).
+- ``normalise`` (Myna's, not OpenAI's): ``false`` reads the input as written (no phone
+  numbers, dates, units or codes said in words: :mod:`myna.text.normaliser`); default true.
 
 Requests pass the worker's token check (``Authorization: Bearer``, which is how OpenAI's
 client sends its ``api_key``) and its session admission (sessions at once, per client, and the
@@ -140,6 +142,9 @@ class SpeechRequest:
         if stream_format not in (None, "audio"):
             raise SpeechError(400, "unsupported_stream_format", '"stream_format" must be "audio" (no "sse")',
                               "stream_format")
+        self.normalise = body.get("normalise", True)
+        if not isinstance(self.normalise, bool):
+            raise SpeechError(400, "bad_request", '"normalise" must be true or false', "normalise")
         instructions = body.get("instructions")
         if instructions is not None and not isinstance(instructions, str):
             raise SpeechError(400, "bad_request", '"instructions" must be a string', "instructions")
@@ -162,7 +167,8 @@ class SpeechTurn:
         self.done = False
         self.errors: list[Error] = []
         self.session: Session = worker.sessions.open(
-            engine, lambda s: UnpacedOutput.for_session(s, self, self._fmt.rate), self._event, voice=voice)
+            engine, lambda s: UnpacedOutput.for_session(s, self, self._fmt.rate), self._event, voice=voice,
+            normalise=request.normalise)
 
     # -- the session's sinks ------------------------------------------------------------------
     def put_audio(self, turn_id: str, pcm: bytes) -> None:
