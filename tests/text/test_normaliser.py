@@ -158,3 +158,12 @@ def test_ordinary_prose_waits_for_nothing_and_a_number_for_one_word():
 def test_a_given_spoken_form_wins_over_the_normaliser():
     words = _items(['<sub alias="twenty four seven">24/7</sub> support'])
     assert said.split(words[0]) == ("24/7", "twenty four seven")
+
+
+def test_the_front_end_costs_far_less_than_a_millisecond_a_chunk_of_prose():
+    """The issue's budget: ≤ 1 ms per chunk at p95 for ordinary prose (``myna bench frontend``
+    prints the figures; about 0.06 ms here)."""
+    from myna.bench.frontend import PROSE, measure, percentile
+
+    measure([PROSE], 2, True)
+    assert percentile(measure([PROSE], 10, True), 0.95) < 1.0

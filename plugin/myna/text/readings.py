@@ -118,6 +118,7 @@ _CODE = re.compile(r"^#?(?=[A-Z0-9-]*\d)(?=[A-Z0-9-]*[A-Z])[A-Z0-9]+(?:-[A-Z0-9]
 _HASH_NUMBER = re.compile(r"^#(?P<n>[A-Z0-9-]+)$")
 _CODE_CHARS = re.compile(r"^[A-Z0-9]+(?:-[A-Z0-9]+)*$")
 _DIGITS_ONLY = re.compile(r"^\d+$")
+_ANY_DIGIT = re.compile(r"\d")
 
 
 class Context:
@@ -170,6 +171,8 @@ def read(word: str, context: Context) -> tuple[str | None, str]:
     lead, core, trail = split(word)
     if not core:
         return None, ""
+    if core.isalpha() and not core.isupper() and not (context.before and _ANY_DIGIT.search(context.before[-1])):
+        return _classic(core, trail, context) or (None, "")  # an ordinary word: the fast path
     for rule in _RULES:
         got = rule(core, trail, context)
         if got is not None:
