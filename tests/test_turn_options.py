@@ -105,7 +105,8 @@ def test_a_session_speed_out_of_range_is_an_error():
 # -- issue 25.4: the normaliser, per session ---------------------------------------------------
 
 
-async def _words_of(**options) -> list[str]:
+async def _turn_of(**options) -> tuple[list[str], float]:
+    """The word events and audio_ms of one turn on the tone engine (a tone per spoken word)."""
     sent: list = []
     s = session(sent, engine=ToneEngine(), **options)
     s.handle(parse_message(json.dumps({"type": "text", "turn_id": "t", "text": "Call 555-0199 at 5pm."})))
@@ -115,13 +116,16 @@ async def _words_of(**options) -> list[str]:
             break
         await asyncio.sleep(0.01)
     await s.close()
-    return [e["word"] for e in sent if e["type"] == "word"]
+    done = next(e for e in sent if e["type"] == "turn_done")
+    return [e["word"] for e in sent if e["type"] == "word"], done["audio_ms"]
 
 
 async def test_a_session_normalises_by_default_and_may_turn_it_off():
-    # (the tone engine reads no marks: it is handed the spoken words, and says them as its words)
-    assert await _words_of() == ["Call", "five", "five", "five,", "zero", "one", "nine", "nine", "at", "five", "PM."]
-    assert await _words_of(normalise=False) == ["Call", "555-0199", "at", "5pm."]
+    words, normalised_ms = await _turn_of()
+    plain_words, plain_ms = await _turn_of(normalise=False)
+    assert words == plain_words == ["Call", "555-0199", "at", "5pm."]  # captions: as written
+    # said: "Call five five five, zero one nine nine at five PM." (11 words) or as written (4)
+    assert normalised_ms == pytest.approx(11 * 120, abs=30) and plain_ms == pytest.approx(4 * 120, abs=30)
 
 
 @pytest.mark.parametrize(("value", "ok"), [(True, True), (False, True), (None, True), ("no", False), (0, False)])
