@@ -17,7 +17,8 @@ ordinary prose waits for nothing.
 
 Why our own rules: the maintained text normalisers for English TTS (NVIDIA's
 ``nemo-text-processing``, WeTextProcessing) are weighted finite-state grammars (pynini) that
-normalise a whole sentence at a time, in milliseconds to tens of milliseconds a sentence, and
+normalise a whole sentence at a time (their cost a sentence was not measured here: they need
+pynini and a grammar build), and
 ``phonenumbers`` validates and formats numbers it is given whole. None reads a word stream with
 one word of look-ahead inside the hot path's budget (≤ 1 ms a chunk), so the readings are ours
 and only number words come from a library.
