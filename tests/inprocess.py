@@ -1,7 +1,7 @@
 """A worker in the test's own event loop, with a tone engine that speaks instantly.
 
-``ToneEngine`` says each word as a 440 Hz tone of ``word_ms`` (default 120 ms) and emits a
-``WordEvent`` per word; ``pcm`` lets a test hand out chunks of any shape (a broken engine).
+``ToneEngine`` says each word as a 440 Hz tone of ``word_ms`` (default 120 ms; a word the
+normaliser marked, one tone per spoken word) and emits a ``WordEvent`` per written word; ``pcm`` lets a test hand out chunks of any shape (a broken engine).
 :func:`app_client` serves the worker's app with such engines to aiohttp's test client.
 ``ManualTimer`` is a virtual clock and ``call_later`` for streams.
 """
@@ -21,6 +21,7 @@ from myna.engines import AudioChunk, Engine, SynthesisStream, WordEvent
 from myna.metrics import Metrics
 from myna.server.app import Worker, create_app
 from myna.session import Session
+from myna.text import said
 
 
 def tone(ms: float, rate: int = 24_000) -> np.ndarray:
@@ -29,6 +30,10 @@ def tone(ms: float, rate: int = 24_000) -> np.ndarray:
 
 
 class ToneStream(SynthesisStream):
+    # Like the real engines: a word the front end marked (myna.text.normaliser, <sub>) is said as
+    # its spoken words (one tone each) and its word event is the written word.
+    reads_marked_words = True
+
     def __init__(self, engine: "ToneEngine"):
         super().__init__()
         self.engine = engine
@@ -36,9 +41,10 @@ class ToneStream(SynthesisStream):
 
     def _on_words(self, words: list[str]) -> None:
         for word in words:
-            self._emit(WordEvent(word, self.at_ms))
-            self._emit(AudioChunk(self.engine.pcm(self.engine.word_ms), self.engine.sample_rate))
-            self.at_ms += self.engine.word_ms
+            self._emit(WordEvent(said.text_of(word), self.at_ms))
+            ms = self.engine.word_ms * len(self._spoken_words(word))
+            self._emit(AudioChunk(self.engine.pcm(ms), self.engine.sample_rate))
+            self.at_ms += ms
 
     def _on_end_input(self) -> None:
         self._finish()

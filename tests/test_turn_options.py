@@ -100,3 +100,40 @@ async def test_a_turn_may_name_another_voice_and_the_session_voice_is_the_defaul
 def test_a_session_speed_out_of_range_is_an_error():
     with pytest.raises(EngineError, match="0.5 to 2"):
         session([], speed=4.0)
+
+
+# -- issue 25.4: the normaliser, per session ---------------------------------------------------
+
+
+async def _turn_of(**options) -> tuple[list[str], float]:
+    """The word events and audio_ms of one turn on the tone engine (a tone per spoken word)."""
+    sent: list = []
+    s = session(sent, engine=ToneEngine(), **options)
+    s.handle(parse_message(json.dumps({"type": "text", "turn_id": "t", "text": "Call 555-0199 at 5pm."})))
+    s.handle(parse_message(json.dumps({"type": "end_turn", "turn_id": "t"})))
+    for _ in range(200):
+        if any(e["type"] == "turn_done" for e in sent):
+            break
+        await asyncio.sleep(0.01)
+    await s.close()
+    done = next(e for e in sent if e["type"] == "turn_done")
+    return [e["word"] for e in sent if e["type"] == "word"], done["audio_ms"]
+
+
+async def test_a_session_normalises_by_default_and_may_turn_it_off():
+    words, normalised_ms = await _turn_of()
+    plain_words, plain_ms = await _turn_of(normalise=False)
+    assert words == plain_words == ["Call", "555-0199", "at", "5pm."]  # captions: as written
+    # said: "Call five five five, zero one nine nine at five PM." (11 words) or as written (4)
+    assert normalised_ms == pytest.approx(11 * 120, abs=30) and plain_ms == pytest.approx(4 * 120, abs=30)
+
+
+@pytest.mark.parametrize(("value", "ok"), [(True, True), (False, True), (None, True), ("no", False), (0, False)])
+def test_config_normalise_is_true_or_false(value, ok):
+    raw = json.dumps({"type": "config", "normalise": value})
+    if ok:
+        assert parse_message(raw, config=True).normalise == value
+    else:
+        with pytest.raises(BadMessage) as caught:
+            parse_message(raw, config=True)
+        assert caught.value.code == "bad_config" and "normalise" in caught.value.message

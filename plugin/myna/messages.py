@@ -111,6 +111,7 @@ class Config:
     format: str | None = None
     speed: float | None = None  # the session's default pace (0.5 to 2.0)
     lexicon: object = None  # the session's lexicon (a myna.text.lexicon.Lexicon; None: the process's only)
+    normalise: bool | None = None  # False: words reach the engine as written (myna.text.normaliser)
 
 
 Message = Text | EndTurn | Interrupt | Cancel | Commit | Pause | Resume | Config
@@ -221,7 +222,10 @@ def _config(obj: dict) -> Config:
             lexicon = Lexicon.from_json(obj["lexicon"])
         except ValueError as exc:
             raise BadMessage("bad_lexicon", str(exc)) from None
-    return Config(engine, voice, rate, fmt, _speed(obj.get("speed")), lexicon)
+    normalise = obj.get("normalise")
+    if normalise is not None and not isinstance(normalise, bool):
+        raise BadMessage("bad_config", '"normalise" must be true or false')
+    return Config(engine, voice, rate, fmt, _speed(obj.get("speed")), lexicon, normalise)
 
 
 def _speed(speed: object, turn_id: str | None = None) -> float | None:

@@ -161,6 +161,8 @@ class Session:
             another on its first text (:meth:`myna.engines.SynthesisStream.set_speed`).
         lexicon: the session's pronunciation lexicon (:class:`myna.text.lexicon.Lexicon`),
             applied to every turn before the process's (None: the process's only).
+        normalise: say phone numbers, dates, units, codes and numbers in words before the
+            engine reads them (:mod:`myna.text.normaliser`; the default); False: as written.
         limits: the turn limits applied (``max_turn_chars``, ``max_queued_turns``; None: off).
         max_hold_s: the start rule's budget: the longest a turn's ready first audio may be held (s).
         clock: monotonic clock in seconds.
@@ -176,13 +178,14 @@ class Session:
     def __init__(self, engine: Engine, output: Callable[["Session"], TurnOutput], send: EventSink, metrics: Metrics, *,
                  voice: str | None = None, speed: float | None = None, lexicon=None, limits: Limits | None = None,
                  max_hold_s: float = MAX_HOLD_S,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, normalise: bool = True):
         self.engine = engine
         self.send = send
         self.metrics = metrics
         self.voice = voice
         self.speed = 1.0 if speed is None else check_speed(speed)
         self.lexicon = lexicon
+        self.normalise = bool(normalise)
         self.limits = limits or Limits.off()
         self.max_hold_s = max_hold_s
         self.clock = clock
@@ -343,6 +346,8 @@ class Session:
             except BaseException:
                 stream.cancel()  # (no turn: the group's next one must not wait for it)
                 raise
+        if not self.normalise:
+            stream.set_normalise(False)
         loop = asyncio.get_running_loop()
         turn = _Turn(turn_id, stream, text_at=self.clock(), sender=sender, last_text_at=loop.time(), prepared=prepare)
         self._turns[turn_id] = turn

@@ -64,12 +64,12 @@ class Sessions:
             return self.admission.hold(client)
 
     def open(self, engine: Engine, output: Callable[[Session], TurnOutput], send: EventSink, *,
-             voice: str | None = None, speed: float | None = None, lexicon=None,
+             voice: str | None = None, speed: float | None = None, lexicon=None, normalise: bool = True,
              clock: Callable[[], float] = time.monotonic) -> Session:
         """A new session with this process's limits (draining already if the process is);
-        ``voice``, ``speed`` and ``lexicon`` are its turns' (:class:`~myna.session.Session`)."""
+        ``voice``, ``speed``, ``lexicon`` and ``normalise`` are its turns' defaults (:class:`~myna.session.Session`)."""
         session = Session(engine, output, send, self.metrics, voice=voice, speed=speed, lexicon=lexicon,
-                          limits=self.limits, max_hold_s=self.max_hold_s, clock=clock)
+                          limits=self.limits, max_hold_s=self.max_hold_s, clock=clock, normalise=normalise)
         with self._lock:
             self._open.add(session)
         session.on_close(lambda: self._closed(session))

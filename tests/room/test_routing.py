@@ -18,14 +18,17 @@ from myna.metrics import Metrics
 from myna.room import routing
 from myna.room.routing import Router
 from myna.session import Session
+from myna.text import said
 
 
 class EchoStream(SynthesisStream):
-    """Each whole word comes back as a WordEvent and 100 ms of tone."""
+    """Each whole word comes back as a WordEvent (as written, like the real engines') and 100 ms of tone."""
+
+    reads_marked_words = True
 
     def _on_words(self, words):
         for word in words:
-            self._emit(WordEvent(word, 0.0))
+            self._emit(WordEvent(said.text_of(word), 0.0))
             self._emit(AudioChunk(np.full(2205, 0.1, np.float32), 22050))
 
     def _on_end_input(self):

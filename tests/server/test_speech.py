@@ -175,6 +175,8 @@ async def test_bad_requests_get_openai_errors_naming_the_field():
             (dict(model="tone", voice="alloy", input="Привет мир"), 400, "input", "unsupported_language"),
             (dict(model="tone", voice="alloy", input="hi", extra_body={"stream_format": "chunks"}), 400,
              "stream_format", "unsupported_stream_format"),
+            (dict(model="tone", voice="alloy", input="hi", extra_body={"normalise": "no"}), 400,
+             "normalise", "bad_request"),
         ]
         for kwargs, status, param, code in cases:
             with pytest.raises(openai.APIStatusError) as refused:
@@ -191,6 +193,12 @@ async def test_bad_requests_get_openai_errors_naming_the_field():
         speech = await c.audio.speech.create(model="tone", voice="alloy", input="still here", response_format="pcm",
                                              instructions="Speak cheerfully.")
         assert len(speech.content) == 2 * 24 * int(WORD_MS) * 2
+        # normalise (Myna's field): the tone engine says one tone a word, so "555-0199" is one
+        # word as written and seven (five five five, zero one nine nine) normalised
+        plain = await c.audio.speech.create(model="tone", voice="alloy", input="call 555-0199", response_format="pcm",
+                                            extra_body={"normalise": False})
+        said = await c.audio.speech.create(model="tone", voice="alloy", input="call 555-0199", response_format="pcm")
+        assert len(plain.content) == 2 * len(speech.content) // 2 and len(said.content) == 8 * len(speech.content) // 2
 
 
 async def test_limits_apply_full_per_client_and_rate():

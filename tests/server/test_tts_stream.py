@@ -164,3 +164,19 @@ async def test_config_speed_is_the_session_default_and_a_turn_may_ask_for_anothe
         await ws.close()
     done = {m["turn_id"]: m["audio_ms"] for m in messages if isinstance(m, dict) and m["type"] == "turn_done"}
     assert 0.6 <= done["fast"] / done["own"] <= 0.72, done
+
+
+async def test_config_normalise_is_taken_and_a_bad_value_refused(server):
+    """Issue 25.4: ``config.normalise`` is a boolean (false: words reach the engine as written;
+    its effect on a session is tests/test_turn_options.py's); anything else is ``bad_config``
+    and the settings stay."""
+    async with aiohttp.ClientSession() as session:
+        ws, _ = await connect(session, server, normalise=False)
+        await ws.send_json({"type": "config", "normalise": "off"})
+        error = await receive_json(ws)
+        assert error["type"] == "error" and error["code"] == "bad_config" and "normalise" in error["message"]
+        await ws.send_json({"type": "text", "turn_id": "t", "text": "Call 555-0199 now."})
+        await ws.send_json({"type": "end_turn", "turn_id": "t"})
+        messages = await collect(ws, "t")
+        await ws.close()
+    assert [m["word"] for m in messages if isinstance(m, dict) and m["type"] == "word"] == ["Call", "555-0199", "now"]

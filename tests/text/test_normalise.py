@@ -56,11 +56,11 @@ def test_markdown_is_stripped_and_words_kept(text, expected):
     [
         ("Go to https://docs.python.org/3/library/re.html?x=1#y.", "Go to docs.python.org."),
         ("(see http://www.example.com)", "see example.com"),
-        ("<https://example.org/path> and www.test.io/x", "example.org and test.io"),
-        ("login at https://user:pw@host.net:8080/a, then", "login at host.net, then"),
+        ("<https://example.org/path> and www.test.io/x", "example.org/path and test.io/x"),
+        ("login at https://user:pw@host.net:8080/a, then", "login at host.net/a, then"),
     ],
 )
-def test_bare_urls_are_reduced_to_their_host(text, expected):
+def test_bare_urls_are_reduced_to_their_host_and_a_short_path(text, expected):
     assert normalise(text) == expected
 
 

@@ -3,7 +3,7 @@ as unit ends, the first phrase early on a virtual clock (plugin/text/segment.py)
 
 import pytest
 
-from myna.text import ClauseChunker, Pause, SentenceChunker, TextIntake, WholeChunker
+from myna.text import ClauseChunker, Pause, SentenceChunker, TextIntake, WholeChunker, said
 
 
 def units_of(text: str, chunker) -> list:
@@ -14,7 +14,7 @@ def units_of(text: str, chunker) -> list:
             out += chunker.pause(item.ms)
         elif isinstance(item, str):
             out += chunker.push(item)
-    return out + chunker.flush()
+    return [" ".join(said.text_of(w) for w in u.split()) if isinstance(u, str) else u for u in out + chunker.flush()]
 
 
 @pytest.mark.parametrize("make", [ClauseChunker, SentenceChunker])

@@ -230,6 +230,12 @@ class SynthesisStream(abc.ABC):
             raise EngineError("unsupported_speed", "this engine speaks at its own pace: only speed 1.0 is "
                                                    "supported (piper takes 0.5 to 2.0)")
 
+    def set_normalise(self, on: bool) -> None:
+        """Whether the turn's words are normalised (phone numbers, dates, units, codes, numbers
+        said in words: :mod:`myna.text.normaliser`; the default) or given to the voice as
+        written (the session's ``normalise: false``); call before the first text."""
+        self._intake.normalise = on
+
     def push_text(self, chunk: str) -> None:
         """Add a chunk of the turn's text (any split, any size).
 
@@ -313,15 +319,8 @@ class SynthesisStream(abc.ABC):
             if isinstance(item, str):
                 if self.reads_marked_words or said.MARK not in item:
                     words.append(item)
-                    continue
-                written, spoken = said.split(item)
-                if said.ipa_of(spoken) is not None:
-                    if "phonemes" not in self._reported_scripts:
-                        self._reported_scripts.add("phonemes")
-                        self._emit(ErrorEvent("phonemes_ignored", "this engine cannot take phonemes: the words of "
-                                                                  "<phoneme> tags in this turn are read as written"))
-                    spoken = written
-                words += spoken.split()
+                else:
+                    words += self._spoken_words(item)
                 continue
             if words:
                 self._on_words(words)
@@ -335,6 +334,21 @@ class SynthesisStream(abc.ABC):
                                       f"left out: {item.word!r} (and any more {item.script} text in this turn)"))
         if words:
             self._on_words(words)
+
+    def _spoken_words(self, word: str) -> list[str]:
+        """The words an engine that takes no phonemes says for a (possibly marked) word: its
+        spoken form's words, or the written word where only phonemes were given (an
+        ``ErrorEvent`` ``phonemes_ignored`` says so once a turn)."""
+        written, spoken = said.split(word)
+        if spoken is None:
+            return [word]
+        if said.ipa_of(spoken) is not None:
+            if "phonemes" not in self._reported_scripts:
+                self._reported_scripts.add("phonemes")
+                self._emit(ErrorEvent("phonemes_ignored", "this engine cannot take phonemes: the words of "
+                                                          "<phoneme> tags in this turn are read as written"))
+            spoken = written
+        return spoken.split()
 
     def _arm(self) -> None:
         """Schedule the next wake-up: the quiet time after the last chunk, or the engine's deadline."""

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from myna.engines.base import AudioChunk, Engine, EngineError, SynthesisStream, TurnOrder, WordEvent, spoken_word
+from myna.text import said
 
 log = logging.getLogger(__name__)
 
@@ -154,13 +155,21 @@ class DSMStream(SynthesisStream):
     group takes its slot only once that turn has finished, so one client's queued turns cannot
     fill the loop. A turn with no words never takes a slot (no audio, like the other engines),
     nor does a whole short turn the phrase cache holds (see the module docstring).
+
+    A word the text front end marked with its spoken form (``555-0199``, ``<sub>``: see
+    :mod:`myna.text.normaliser`) reaches the model as its spoken words; its ``word`` event
+    carries the written word, at the start of the first of them.
     """
+
+    reads_marked_words = True  # (it splits them itself, to keep the written word for captions)
 
     def __init__(self, engine: DSMEngine, group: object = None):
         super().__init__()
         self.engine = engine
         self._session = None
         self._words: list[str] = []  # words pushed before the slot opened
+        self._captions: list[str | None] = []  # per model word, in order: its word event (None: none)
+        self._heard = 0  # model words whose event has come back
         self._ended = False
         self._recorded: tuple[list, list] | None = None  # (pcm pieces, word starts ms) to cache
         previous, self._done = engine.order.join(group)  # done: this turn has released its slot
@@ -195,8 +204,9 @@ class DSMStream(SynthesisStream):
             self._recorded = ([], [])
             return False
         pcm, starts = hit
-        for word, start in zip(self._words, starts):
-            self._emit(WordEvent(spoken_word(word), start))
+        for caption, start in zip(self._captions, starts):
+            if caption is not None:
+                self._emit(WordEvent(caption, start))
         self._emit(AudioChunk(pcm, self.engine.sample_rate))
         self._release()
         self._finish()
@@ -205,7 +215,7 @@ class DSMStream(SynthesisStream):
     def _store(self) -> None:
         cache, key = self.engine._cache()
         pieces, starts = self._recorded
-        if cache is not None and not self.cancelled and pieces and len(starts) == len(self._words):
+        if cache is not None and not self.cancelled and pieces and len(starts) == len(self._captions):
             cache.put(key, self._voice_key(), " ".join(self._words), np.concatenate(pieces), starts)
 
     def _voice_key(self) -> str:
@@ -216,6 +226,17 @@ class DSMStream(SynthesisStream):
             self._done.set_result(None)
 
     def _on_words(self, words: list[str]) -> None:
+        spoken: list[str] = []
+        for word in words:
+            pieces = self._spoken_words(word)
+            caption: str | None = spoken_word(word)
+            for piece in pieces:
+                # the model's words for this piece (its script splitter cuts at ":" and spaces)
+                for _ in range(max(1, len(piece.replace(":", " ").replace("(", "").replace(")", "").split()))):
+                    self._captions.append(caption)
+                    caption = None
+            spoken += pieces
+        words = spoken
         if self._session is not None:
             self._session.push_words(words)
         else:
@@ -241,7 +262,10 @@ class DSMStream(SynthesisStream):
     def _word(self, word: str, start_s: float) -> None:
         if self._recorded is not None:
             self._recorded[1].append(1000.0 * start_s)
-        self._emit_threadsafe(WordEvent(spoken_word(word), 1000.0 * start_s))
+        index, self._heard = self._heard, self._heard + 1
+        caption = self._captions[index] if index < len(self._captions) else spoken_word(word)
+        if caption is not None:
+            self._emit_threadsafe(WordEvent(caption, 1000.0 * start_s))
 
     def _end(self, error: BaseException | None) -> None:
         self._loop.call_soon_threadsafe(self._release)

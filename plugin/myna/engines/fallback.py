@@ -233,6 +233,11 @@ class FallbackStream(SynthesisStream):
         if self._active is not None:
             self._active.set_lexicon(lexicon)
 
+    def set_normalise(self, on: bool) -> None:
+        super().set_normalise(on)  # (a fallback's stream resumes from a copy of this intake)
+        if self._active is not None:
+            self._active.set_normalise(on)
+
     def push_text(self, chunk: str) -> None:
         self._last_text_at = self._now()
         super().push_text(chunk)

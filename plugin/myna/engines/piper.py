@@ -42,6 +42,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -57,7 +58,7 @@ from myna.text.scripts import LATIN
 from myna.text import ClauseChunker, Pause, SentenceChunker, WholeChunker
 from myna.text import said
 from myna.text.normalise import ends_clause
-from myna.text.verbalise import verbalise
+from myna.text.verbalise import drop_stop, inner_stops
 
 log = logging.getLogger(__name__)
 
@@ -342,6 +343,16 @@ class PiperVariant(EngineWrapper):
         return self.base.stream(voice, group, strategy=self.strategy)
 
 
+_LONE_A = re.compile(r"(?<![\w'\u2019])A(?![\w'\u2019])")
+
+
+def _letters(spoken: str) -> str:
+    """A given spoken form as espeak-ng should read it: a lone capital ``A`` there is the letter
+    (the normaliser spells codes as capitals, ``"A one B two"``), which espeak-ng reads as the
+    article; ``"eh"`` it reads /eɪ/."""
+    return _LONE_A.sub("eh", spoken) if "A" in spoken else spoken
+
+
 def _phonemes(split, text: str) -> list[list[str]]:
     """The text's phonemes by sentence (:meth:`myna.engines.vits.SplitVoice.phonemes`), with
     IPA given between :data:`myna.text.said.IPA` marks taken as it is (one word each)."""
@@ -498,9 +509,10 @@ class _UnitOut:
 class PiperStream(SynthesisStream):
     """One turn on the Piper engine: units are synthesised in order as they complete.
 
-    Each unit is verbalised first (:func:`myna.text.verbalise.verbalise`: prices, years, Roman
-    numerals, abbreviations in words; stops that end no sentence removed), with the words of
-    the unit before it as context; word events carry the written words. A ``<break>`` becomes
+    Words come from the text front end marked with how they are said (prices, years, phone
+    numbers, dates, codes…: :mod:`myna.text.normaliser`); the voice reads the spoken forms, less
+    the full stops that end no sentence (:func:`myna.text.verbalise.inner_stops`, the words of
+    the unit before as context); word events carry the written words. A ``<break>`` becomes
     silence: its length less the silence already at the end of the audio before it, and the
     unit after it starts with :data:`JOIN_LEAD_MS` of lead-in, so the gap heard is the pause (a
     break before the turn's first words is dropped: it would only delay them). A unit cut
@@ -581,9 +593,13 @@ class PiperStream(SynthesisStream):
         for unit in units:
             if isinstance(unit, str):
                 words = unit.split()
-                written = [said.split(w)[0] for w in words]
-                spoken = [form if given is None else given
-                          for form, (_, given) in zip(verbalise(written, self._said), map(said.split, words))]
+                written = [said.text_of(w) for w in words]
+                # The front end marked what is said otherwise (myna.text.normaliser); the voice
+                # is not given a full stop that ends no sentence ("Mr. Smith", "Jr. was").
+                spoken = [drop_stop(form) if inner else form
+                          for form, inner in zip((_letters(given) if given is not None else word
+                                                  for word, (_, given) in zip(words, map(said.split, words))),
+                                                 inner_stops(written, self._said))]
                 unit = _Unit(words, spoken)
                 self._said = written
             self._units.put_nowait(unit)

@@ -154,13 +154,16 @@ class RoomAgent:
             ``departure_timeout`` seconds with no one back.
         attributes: extra participant attributes to publish beside ``myna.ready``.
         departure_timeout: the grace period of ``leave_when_empty`` (s; 0 leaves at once).
+        normalise: the sessions' words are normalised (:mod:`myna.text.normaliser`; default);
+            False: read as written.
     """
 
     def __init__(self, room: rtc.Room, engine: Engine, sessions: Sessions, engines: list[str] | None = None,
                  voice: str | None = None, speak_for: frozenset[str] | None = None,
                  leave_when_empty: bool = False, attributes: dict[str, str] | None = None,
-                 departure_timeout: float = DEPARTURE_TIMEOUT):
+                 departure_timeout: float = DEPARTURE_TIMEOUT, normalise: bool = True):
         self.room = room
+        self.normalise = normalise
         self.engine = engine
         self.sessions = sessions
         self.engines = engines or [engine.name]
@@ -192,7 +195,7 @@ class RoomAgent:
         self._outbox = Outbox()
 
         def session(send: EventSink) -> Session:
-            return self.sessions.open(self.engine, self._new_output, send, voice=self.voice)
+            return self.sessions.open(self.engine, self._new_output, send, voice=self.voice, normalise=self.normalise)
 
         self.router = Router(session, self._deliver, self.speak_for, message_rate=self.sessions.message_rate)
         self.room.register_text_stream_handler(TOPIC_TEXT, self._on_text_stream)

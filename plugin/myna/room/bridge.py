@@ -68,6 +68,10 @@ class BridgedStream:
         self._home.call_soon_threadsafe(run)
 
     # -- on the session's loop -------------------------------------------------------------
+    def set_normalise(self, on: bool) -> None:
+        """Normalise the turn's words or not (:meth:`myna.engines.SynthesisStream.set_normalise`)."""
+        self._call("set_normalise", on)
+
     def push_text(self, chunk: str) -> None:
         """Add a chunk of the turn's text (any split)."""
         self._call("push_text", chunk)

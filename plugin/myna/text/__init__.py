@@ -8,11 +8,12 @@ engine synthesises; ``verbalise`` says numbers, prices, years and abbreviations 
 of it can be spoken.
 """
 
+from myna.text import said
 from myna.text.intake import IntakeItem, Pause, Skipped, TextIntake
 from myna.text.normalise import has_speech, normalise, normalise_word
 from myna.text.segment import ClauseChunker, SentenceChunker, WholeChunker, WordSegmenter
 
 __all__ = [
     "ClauseChunker", "IntakeItem", "Pause", "SentenceChunker", "Skipped", "TextIntake", "WholeChunker",
-    "WordSegmenter", "has_speech", "normalise", "normalise_word",
+    "WordSegmenter", "has_speech", "normalise", "normalise_word", "said",
 ]

@@ -17,6 +17,10 @@
    ``"https:"`` and URLs wait. A word with nothing after it is also complete once
    the text has been quiet a while: the caller calls :meth:`TextIntake.settle` for that.
 5. Words in a script the voice cannot read come out as :class:`Skipped`, not as words.
+6. The normaliser (:mod:`myna.text.normaliser`) marks the words said otherwise than written
+   (phone numbers, addresses, dates, times, units, codes, numbers): the engine reads the
+   spoken form, captions keep the written one. A word with a digit waits for the next word
+   (its reading may depend on it), unless it ends a clause.
 
 Two chunks that abut across a sentence end (``"…for you."`` then ``"Your order…"``) are two
 words, never ``"you.Your"``.
@@ -30,6 +34,7 @@ from dataclasses import dataclass
 from myna.text import lexicon as lexicon_module
 from myna.text import said
 from myna.text.markup import LINE_BREAK, Pause, Said, TagScanner
+from myna.text.normaliser import Normaliser
 from myna.text.normalise import ends_clause
 from myna.text.scripts import LATIN, foreign_script
 from myna.text.segment import WordSegmenter
@@ -70,16 +75,19 @@ class TextIntake:
         lexicon: respellings applied to each word (:class:`myna.text.lexicon.Lexicon`; None:
             the process's, :func:`myna.text.lexicon.default`). A respelled word, like the words
             of ``<sub>`` and ``<phoneme>``, comes out marked (:mod:`myna.text.said`).
+        normalise: mark how phone numbers, dates, units, codes and other numbers are said
+            (:mod:`myna.text.normaliser`); False: words are given as written.
 
-    >>> intake = TextIntake()
+    >>> intake = TextIntake(normalise=False)  # (words as written: see myna.text.normaliser)
     >>> intake.push("Let"), intake.push(" me check"), intake.push(" that for you.")
     ([], ['Let', 'me'], ['check', 'that', 'for', 'you.'])
     >>> intake.push("Here:\\n1. Apple\\n2. Pear"), intake.flush()
     (['Here:', Pause(ms=0.0), '1', 'Apple.', Pause(ms=0.0), '2'], ['Pear'])
     """
 
-    def __init__(self, scripts: frozenset[str] = LATIN, lexicon=None):
+    def __init__(self, scripts: frozenset[str] = LATIN, lexicon=None, normalise: bool = True):
         self.scripts = scripts
+        self._norm = Normaliser(normalise)
         self.lexicon = lexicon if lexicon is not None else lexicon_module.default()
         self._tags = TagScanner()
         self._words = WordSegmenter()
@@ -90,7 +98,16 @@ class TextIntake:
     def pending(self) -> bool:
         """True while text is held that :meth:`settle` would release (a partial word, a word
         that may still take punctuation, a line start), or a tag waits for its end."""
-        return bool(self._head) or self._words.holding or self._tags.holding
+        return bool(self._head) or self._words.holding or self._tags.holding or self._norm.holding
+
+    @property
+    def normalise(self) -> bool:
+        """Whether words are normalised (:mod:`myna.text.normaliser`); settable before a turn's text."""
+        return self._norm.enabled
+
+    @normalise.setter
+    def normalise(self, on: bool) -> None:
+        self._norm.enabled = bool(on)
 
     def push(self, chunk: str) -> list[IntakeItem]:
         """Add a chunk (any split); return the items it completed, in order."""
@@ -101,12 +118,13 @@ class TextIntake:
 
     def settle(self) -> list[IntakeItem]:
         """The text has been quiet: what is held (except an unfinished tag) is complete."""
-        return self._release_head() + self._accept(self._words.flush())
+        return self._release_head() + self._accept(self._words.flush()) + self._norm.release()
 
     def flush(self) -> list[IntakeItem]:
         """End of the turn: return everything left and reset."""
         out = self._scan(self._tags.flush()) + self.settle()
         self._head, self._since_break = "", False
+        self._norm.reset()
         return out
 
     # -- internals --------------------------------------------------------------------------
@@ -115,7 +133,7 @@ class TextIntake:
         for piece in pieces:
             if isinstance(piece, Said):  # one word, its spoken form given (<sub>, <phoneme>)
                 out += self._release_head() + self._accept(self._words.flush())
-                out.append(said.mark(piece.written, piece.spoken, piece.ipa))
+                out += self._norm.push([said.mark(piece.written, piece.spoken, piece.ipa)])
                 self._since_break = True
                 continue
             if isinstance(piece, Pause):
@@ -152,7 +170,7 @@ class TextIntake:
         words = self._words.flush()
         if words and not ends_clause(words[-1]):
             words[-1] += "."  # the line ends a phrase: say it so
-        out += self._accept(words)
+        out += self._accept(words) + self._norm.release()
         if self._since_break:
             out.append(Pause(0.0))
             self._since_break = False
@@ -168,7 +186,7 @@ class TextIntake:
                 self._since_break = True
             else:
                 out.append(Skipped(script, word))
-        return out
+        return self._norm.push(out)
 
 
 def speech_in(text: str, scripts: frozenset[str] = LATIN) -> tuple[bool, list[Skipped]]:

@@ -24,9 +24,15 @@ What is dropped:
   fence line's language tag is dropped too), headings, list bullets, block quotes, table bars,
   rules, simple HTML tags (``<br>``), link and image targets (``[text](url)`` → ``text``,
   ``![alt](src)`` → ``alt``; a link whose text spans several words works word by word);
-- bare URLs are reduced to their host name without ``www.`` (``https://docs.python.org/3/``
-  → ``docs.python.org``, which espeak reads "docs dot python dot org"): enough for a
-  listener to know where to go, without reading out paths and query strings.
+- URLs lose their scheme, ``www.``, user, port, query and fragment, and keep a short path (two
+  segments at most, 30 characters, letters, digits and ``. _ - ~``; a longer one is dropped):
+  ``https://www.acme.com/returns?id=5`` → ``acme.com/returns``,
+  ``https://docs.python.org/3/library/re.html`` → ``docs.python.org``: enough for a listener
+  to know where to go, without reading out long paths and query strings. A web address
+  without a scheme (``acme.com/help``, a known top-level domain) is kept whole too; the
+  normaliser (:mod:`myna.text.readings`) reads it "acme dot com slash help". E-mail addresses
+  are kept whole (``sam_lee@mail.com``).
+- ``+`` and ``#`` opening a word before a digit (``+44``, ``#48213``) are kept: "plus", "number".
 """
 
 from __future__ import annotations
@@ -57,10 +63,21 @@ _HTML_TAG = re.compile(r"</?[A-Za-z][A-Za-z0-9-]*\s*/?>")
 _URL = re.compile(
     r"(?:(?:https?|ftp)://|www\.)"
     r"([^\s/?#<>()\[\]]+?)"  # authority (user@host:port), lazy so trailing "." stays outside
-    r"(?:[/?#][^\s<>()\[\]]*?)?"  # path, query, fragment
+    r"([/?#][^\s<>()\[\]]*?)?"  # path, query, fragment
     r"(?=[.,;:!?'\"]*(?:$|[\s<>()\[\]]))",
     re.IGNORECASE,
 )
+#: Top-level domains that make ``name.tld`` a web address without a scheme.
+WEB_DOMAINS = frozenset("com org net edu gov io ai dev app co uk us de fr ca au info biz me tv ly gg xyz eu nl es "
+                        "it ch se no in jp cn ru br mx nz ie be at dk fi pl pt shop store online site tech cloud".split())
+_WEB_WORD = re.compile(r"^(?P<lead>[\"'“‘«(\[<]*)"
+                       r"(?P<web>(?P<host>(?:[A-Za-z0-9-]+\.)+(?P<tld>[A-Za-z]{2,6}))(?:/[A-Za-z0-9._~-]+)*/?)"
+                       r"(?P<trail>[.,;:!?…\"'”’»)\]>]*)$")
+_EMAIL_WORD = re.compile(r"^(?P<lead>[\"'“‘«(\[<]*)(?P<mail>[A-Za-z0-9][A-Za-z0-9._%+-]*@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+)"
+                         r"(?P<trail>[.,;:!?…\"'”’»)\]>]*)$")
+_PATH_SEGMENT = re.compile(r"[A-Za-z0-9._~-]+")
+#: The longest URL path kept (segments, characters).
+URL_PATH_SEGMENTS, URL_PATH_CHARS = 2, 30
 
 
 def has_speech(text: str) -> bool:
@@ -98,7 +115,7 @@ def normalise_word(word: str) -> str:
     >>> normalise_word("**bold**"), normalise_word("[docs](https://x.y/z)."), normalise_word("👍")
     ('bold', 'docs.', '')
     >>> normalise_word("$3.50,"), normalise_word("https://www.example.com/a?b=1")
-    ('$3.50,', 'example.com')
+    ('$3.50,', 'example.com/a')
     """
     if _FENCE.match(word):
         return ""
@@ -108,6 +125,10 @@ def normalise_word(word: str) -> str:
     text = _LINK_TARGET.sub("", text).replace("![", "[")
     text = _REF_TARGET.sub("", text)
     text = _URL.sub(_url_host, text)
+    if (web := _WEB_WORD.match(text)) and web["tld"].lower() in WEB_DOMAINS and re.search("[A-Za-z]", web["host"]):
+        return _filter_chars(web["lead"]) + web["web"].rstrip("/") + _filter_chars(web["trail"])
+    if mail := _EMAIL_WORD.match(text):  # kept whole: "sam_lee@mail.com" (the normaliser says "_")
+        return _filter_chars(mail["lead"]) + mail["mail"] + _filter_chars(mail["trail"])
     text = re.sub(r"(?<!-)--(?!-)", "—", text)  # ASCII em dash
     text = _VARIATION.sub("", text)
     text = _filter_chars(text)
@@ -159,7 +180,13 @@ def append_word(words: list[str], raw: str, is_open: bool) -> bool:
 
 def _url_host(match: re.Match[str]) -> str:
     host = match.group(1).rsplit("@", 1)[-1].split(":", 1)[0]
-    return host[4:] if host.lower().startswith("www.") else host
+    host = host[4:] if host.lower().startswith("www.") else host
+    path = re.split(r"[?#]", match.group(2) or "", maxsplit=1)[0]
+    segments = [p for p in path.split("/") if p]
+    if segments and len(segments) <= URL_PATH_SEGMENTS and len("/".join(segments)) <= URL_PATH_CHARS \
+            and all(_PATH_SEGMENT.fullmatch(p) for p in segments):
+        return host + "/" + "/".join(segments)
+    return host
 
 
 def _filter_chars(text: str) -> str:
@@ -194,6 +221,8 @@ def _keep_punct(ch: str, prev: str, nxt: str) -> bool:
         return nxt.isalnum() and (prev.isalnum() or (prev in ("", *CURRENCY) and nxt.isdigit()))
     if ch == "/":
         return prev.isdigit() and nxt.isdigit()
+    if ch in "+#":
+        return prev in ("", " ") and nxt.isdigit()
     if ch in "&@":
         return (prev.isalnum() and nxt.isalnum()) or (ch == "&" and not prev and not nxt)
     return False

@@ -8,6 +8,7 @@ phonemes between :data:`IPA` marks (``<phoneme alphabet="ipa">``).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 MARK, SPACE, IPA = "\ue000", "\ue001", "\ue002"
@@ -45,3 +46,16 @@ def written_of(word: str) -> str:
 def ipa_of(spoken: str) -> str | None:
     """The IPA of a spoken form given as phonemes, else None."""
     return spoken[1:-1] if len(spoken) >= 2 and spoken[0] == IPA and spoken[-1] == IPA else None
+
+
+_TRAIL = re.compile(r"[.,;:!?…\"'”’»)\]}]*\Z")
+
+
+def text_of(word: str) -> str:
+    """The written word with the punctuation that follows it (a mark keeps that punctuation
+    after the spoken form: ``Jr`` + MARK + ``junior.`` → ``Jr.``): what sentence and clause
+    boundaries are decided on."""
+    if MARK not in word:
+        return word
+    written, spoken = split(word)
+    return written + _TRAIL.search(spoken).group()

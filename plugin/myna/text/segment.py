@@ -13,6 +13,7 @@ and :meth:`ClauseChunker.settle` once its text has gone quiet.
 
 from __future__ import annotations
 
+from myna.text import said
 from myna.text.markup import Pause
 from myna.text.normalise import append_word, ends_clause, has_speech
 from myna.text.sentences import CLOSERS, End, end_of, is_boundary
@@ -115,6 +116,7 @@ class _Chunker:
         self.max_words = max_words
         self.max_chars = max_chars
         self._words: list[str] = []
+        self._texts: list[str] = []  # the words as written (:func:`myna.text.said.text_of`): boundaries
         self._chars = 0
         self._maybe = False  # the last word may end a sentence: the next word decides
 
@@ -123,13 +125,15 @@ class _Chunker:
         units it completed."""
         units: list[str] = []
         for w in word.split():
+            text = said.text_of(w)
             if self._maybe:
                 self._maybe = False
-                if is_boundary(self._words[-1], w, self._words[:-1]) and self._may_cut():
+                if is_boundary(self._texts[-1], text, self._texts[:-1]) and self._may_cut():
                     units += self._cut()
             self._words.append(w)
+            self._texts.append(text)
             self._chars += len(w) + 1
-            units += self._after(w, now)
+            units += self._after(text, now)
         return units
 
     def poll(self, now: float) -> list[str]:
@@ -157,6 +161,7 @@ class _Chunker:
         return units
 
     def _after(self, word: str, now: float) -> list[str]:
+        """``word`` (as written) was just added."""
         end = self._ends_unit(word)
         self._maybe = end is End.MAYBE
         full = len(self._words) >= self.max_words or self._chars >= self.max_chars
@@ -177,7 +182,7 @@ class _Chunker:
     def _cut(self, n: int | None = None) -> list[str]:
         """Return the first ``n`` words (all by default) as a unit; keep the rest."""
         n = len(self._words) if n is None else n
-        unit, self._words = " ".join(self._words[:n]), self._words[n:]
+        unit, self._words, self._texts = " ".join(self._words[:n]), self._words[n:], self._texts[n:]
         self._chars, self._maybe = sum(len(w) + 1 for w in self._words), False
         return [unit] if has_speech(unit) else []
 
@@ -260,7 +265,7 @@ class ClauseChunker(_Chunker):
         if not ends_clause(word):
             return End.NOT_END
         if word.rstrip(CLOSERS).endswith("."):
-            return end_of(word, self._words[:-1])
+            return end_of(word, self._texts[:-1])
         return End.END
 
     def _may_cut(self) -> bool:
@@ -299,7 +304,7 @@ class SentenceChunker(_Chunker):
     def _ends_unit(self, word: str) -> End:
         core = word.rstrip(CLOSERS)
         if core.endswith("."):
-            return end_of(word, self._words[:-1])
+            return end_of(word, self._texts[:-1])
         return End.END if core and core[-1] in "!?…" else End.NOT_END
 
 

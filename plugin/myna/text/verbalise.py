@@ -140,6 +140,32 @@ def verbalise(words: list[str], previous: list[str] = ()) -> list[str]:
     return forms
 
 
+def inner_stops(words: list[str], previous: list[str] = ()) -> list[bool]:
+    """For each written word of one unit, whether its full stop ends no sentence (pysbd): the
+    voice should not be given it, or it pauses and falls in pitch there (``Mr. Smith``).
+
+    >>> inner_stops("Mr. Smith Jr. met James T. Kirk.".split())
+    [True, False, True, False, False, True, False]
+    """
+    context = [*previous[-3:], *words]
+    offset = len(context) - len(words)
+    out = []
+    for i, word in enumerate(words):
+        before, after = context[: offset + i], context[offset + i + 1 :]
+        trail = _SPLIT.match(word)["trail"]
+        out.append(trail.startswith(".") and not trail.startswith("..") and bool(after)
+                   and not is_boundary(word, after[0], before))
+    return out
+
+
+def drop_stop(form: str) -> str:
+    """``form`` without the full stop its trailing punctuation starts with (``"Jr."`` → ``"Jr"``,
+    ``'Mr.")'`` → ``'Mr")'``)."""
+    parts = _SPLIT.match(form)
+    trail = parts["trail"]
+    return f"{parts['lead']}{parts['core']}{trail[1:]}" if trail.startswith(".") else form
+
+
 def _say(word: str, before: list[str], nxt: str | None) -> str:
     parts = _SPLIT.match(word)
     lead, core, trail = parts["lead"], parts["core"], parts["trail"]

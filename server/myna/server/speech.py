@@ -31,6 +31,8 @@ The request body (JSON):
   the stream; OpenAI offers ``sse`` with ``gpt-4o-mini-tts``, and LiveKit Agents' OpenAI plug-in
   asks for it with every model but ``tts-1``/``tts-1-hd``). Anything else is 400
   ``unsupported_stream_format``.
+- ``normalise`` (Myna's, not OpenAI's): ``false`` reads the input as written (no phone
+  numbers, dates, units or codes said in words: :mod:`myna.text.normaliser`); default true.
 
 Requests pass the worker's token check (``Authorization: Bearer``, which is how OpenAI's
 client sends its ``api_key``) and its session admission (sessions at once, per client, and the
@@ -155,6 +157,9 @@ class SpeechRequest:
             raise SpeechError(400, "unsupported_stream_format", '"stream_format" must be "audio" or "sse"',
                               "stream_format")
         self.sse = stream_format == "sse"
+        self.normalise = body.get("normalise", True)
+        if not isinstance(self.normalise, bool):
+            raise SpeechError(400, "bad_request", '"normalise" must be true or false', "normalise")
         instructions = body.get("instructions")
         if instructions is not None and not isinstance(instructions, str):
             raise SpeechError(400, "bad_request", '"instructions" must be a string', "instructions")
@@ -179,7 +184,8 @@ class SpeechTurn:
         self.done = False
         self.errors: list[Error] = []
         self.session: Session = worker.sessions.open(
-            engine, lambda s: UnpacedOutput.for_session(s, self, self._fmt.rate), self._event, voice=voice)
+            engine, lambda s: UnpacedOutput.for_session(s, self, self._fmt.rate), self._event, voice=voice,
+            normalise=request.normalise)
 
     # -- the session's sinks ------------------------------------------------------------------
     def put_audio(self, turn_id: str, pcm: bytes) -> None:

@@ -176,6 +176,7 @@ class StreamConnection:
         self.format = "pcm_s16le"  # or G.711 (config.format)
         self.speed: float | None = None  # the session's default pace (config.speed; None: 1.0)
         self.lexicon = None  # the session's lexicon (config.lexicon; None: the process's only)
+        self.normalise = True  # config.normalise: words said as written when False
         self.outbox = Outbox(ws)
         self.session: Session | None = None  # opened by the first turn message
         self._draining = False
@@ -231,7 +232,7 @@ class StreamConnection:
             sink = self.outbox if self.format == "pcm_s16le" else EncodingSink(self.outbox, FORMATS[self.format])
             self.session = self._worker.sessions.open(
                 self.engine, lambda s: UnpacedOutput.for_session(s, sink, self.sample_rate),
-                self._send, voice=self.voice, speed=self.speed, lexicon=self.lexicon)
+                self._send, voice=self.voice, speed=self.speed, lexicon=self.lexicon, normalise=self.normalise)
         self.session.handle(message)
 
     def drain(self) -> None:
@@ -267,6 +268,8 @@ class StreamConnection:
             self.speed = config.speed
         if config.lexicon is not None:
             self.lexicon = config.lexicon
+        if config.normalise is not None:
+            self.normalise = config.normalise
         self.sample_rate = config.sample_rate or (engine.sample_rate if fmt == "pcm_s16le" else G711_RATE)
         self.outbox.put_event(self.ready_event())
 

@@ -93,6 +93,9 @@ class Peers:
         engine_name, voice = request_data.get("engine"), request_data.get("voice")
         if not isinstance(engine_name, (str, type(None))) or not isinstance(voice, (str, type(None))):
             raise HTTPError(400, "bad_request", '"request_data.engine" and "request_data.voice" must be strings')
+        normalise = request_data.get("normalise", True)
+        if not isinstance(normalise, bool):
+            raise HTTPError(400, "bad_request", '"request_data.normalise" must be true or false')
         engine, voice = worker.choose(engine_name or None, voice, grant)
         if not worker.ready:
             raise HTTPError(503, "not_ready", "the worker is still loading its engines")
@@ -112,7 +115,8 @@ class Peers:
             release, existing.release = existing.release, _nothing
         else:
             release = worker.admit(client, grant)
-        peer = self._new_peer(existing.pc_id if existing else f"myna-{uuid.uuid4().hex}", engine, voice, client, release)
+        peer = self._new_peer(existing.pc_id if existing else f"myna-{uuid.uuid4().hex}", engine, voice, client, release,
+                              normalise)
         try:
             answer = await self._answer(peer, sdp)
         except HTTPError:
@@ -125,7 +129,8 @@ class Peers:
         self.peers[peer.pc_id] = peer
         return answer
 
-    def _new_peer(self, pc_id: str, engine: Engine, voice: str | None, owner: str, release: Callable[[], None]) -> Peer:
+    def _new_peer(self, pc_id: str, engine: Engine, voice: str | None, owner: str, release: Callable[[], None],
+                  normalise: bool = True) -> Peer:
         worker = self.worker
         pc = RTCPeerConnection(rtc_configuration(self.ice_servers))
         peer: Peer
@@ -133,7 +138,7 @@ class Peers:
         def send(event: Event) -> None:
             self._send_event(peer, peer.channel, event)
 
-        session = worker.sessions.open(engine, Playout.for_session, send, voice=voice)
+        session = worker.sessions.open(engine, Playout.for_session, send, voice=voice, normalise=normalise)
         track = PacedAudioTrack(session.output, on_error=session.output_failed)
         peer = Peer(pc_id, pc, session, track, owner, release, worker.sessions.message_rate())
         pc.addTrack(track)

@@ -1,0 +1,460 @@
+"""How agent text is read aloud: one written word (with the words around it) → its spoken words.
+
+:func:`read` is the rule book of the text front end's normaliser (:mod:`myna.text.normaliser`),
+which every engine's words go through. It reads, in this order:
+
+- phone numbers, digit by digit in their written groups, a pause (comma) between groups:
+  ``555-123-4567``, ``(555) 123-4567``, ``+1 415 555 0100``, ``+44 20 7946 0958``,
+  ``1-800-555-0199``, ``555.123.4567`` ("five five five, one two three, …"; ``0`` is "zero"; a
+  group written as a word of its own ends with the pause when another follows);
+- e-mail addresses and web addresses: ``jane.doe@acme.com`` "jane dot doe at acme dot com",
+  ``acme.com/returns`` "acme dot com slash returns" (``-`` "dash", ``_`` "underscore"; a label
+  without a vowel is spelled: ``hr@acme.io`` "H R at acme dot I O"; two-letter country domains
+  are spelled, ``co`` and ``me`` said);
+- dates: ISO ``2025-03-14`` and ``3/14/2025`` "March fourteenth, twenty twenty-five"; ``3/14``
+  (month first, the US order; day first when the first number is over 12), ``March 14``,
+  ``14 March``, ``Mar. 14th`` with the day as an ordinal;
+- times: ``5:30pm``, ``5.30pm``, ``5:30 p.m.``, ``17:45``, ``9:05`` ("nine oh five"), ``10am``, ``12:00``
+  ("twelve o'clock"), ``pm`` / ``a.m.`` after a time "PM" / "AM";
+- units after a number (``10kg``, ``5 km``, ``2.5GB``, ``72°F``, ``30 mph``, ``500 ml``): the
+  unit's name, singular after exactly one (``1 kg`` "one kilogram");
+- ordinals (``21st`` "twenty-first"), percentages (``15%``, ``2.5 %``), version numbers
+  (``v2.3.1``, ``version 2.3``, ``iOS 17.2``, ``Python 3.12``: each part a number, "point"
+  between), fractions after no date cue (``1/2`` "one half", ``3/4`` "three quarters");
+- codes, letter by letter and digit by digit (a dash is a pause): a word of four or more
+  characters that mixes capitals and digits (``XK7-92QZ``, ``A1B2C3``), digits or capitals of
+  three or more after a word that names a code (``order 48213``, ``code QZXTR``, ``#48213``
+  "number four eight two one three"), a number of six or more digits;
+- prices, years, Roman numerals and abbreviations as :mod:`myna.text.verbalise` reads them;
+- any other number in words: ``5,000`` "five thousand", ``3.14`` "three point one four",
+  ``-5`` "minus five".
+
+Letters are spoken as capitals separated by spaces (``"X K seven"``): the voices read a lone
+capital as its name. Number words come from ``num2words``; the rest is ours (no maintained
+library reads these in a stream: see the module docstring of :mod:`myna.text.normaliser`).
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+
+from num2words import num2words
+
+from myna.text import verbalise as v
+
+DIGITS = "zero one two three four five six seven eight nine".split()
+MONTHS = ("January February March April May June July August September October November "
+          "December").split()
+_MONTH_OF = {m.lower(): i for i, m in enumerate(MONTHS, 1)} | {
+    m.lower()[:3]: i for i, m in enumerate(MONTHS, 1)} | {"sept": 9}
+WEEKDAYS = frozenset("monday tuesday wednesday thursday friday saturday sunday mon tue tues wed thu thur "
+                     "thurs fri sat sun".split())
+#: Words after which ``a/b`` is a date, not a fraction.
+DATE_CUES = frozenset("on by until till from due before after since through thru date dated expires "
+                      "expiry starting ending and to".split()) | WEEKDAYS
+#: Words after which digits or capitals are a code, read one by one.
+CODE_CUES = frozenset("order confirmation code reference ref ticket account booking reservation tracking "
+                      "case id pin invoice number no # serial policy member claim flight room gate "
+                      "extension ext otp passcode".split())
+#: Words after which a decimal is a version number.
+VERSION_CUES = frozenset("version v ver release update build python ios android windows macos node java "
+                         "chrome firefox firmware api sdk ubuntu debian kernel php ruby go rust".split())
+#: Units after a number: written (case-sensitive first, then lower case) → (singular, plural).
+UNITS = {
+    "kg": ("kilogram", "kilograms"), "g": ("gram", "grams"), "mg": ("milligram", "milligrams"),
+    "lb": ("pound", "pounds"), "lbs": ("pound", "pounds"), "oz": ("ounce", "ounces"),
+    "km": ("kilometer", "kilometers"), "m": ("meter", "meters"), "cm": ("centimeter", "centimeters"),
+    "mm": ("millimeter", "millimeters"), "mi": ("mile", "miles"), "ft": ("foot", "feet"),
+    "in.": ("inch", "inches"), "yd": ("yard", "yards"),
+    "l": ("liter", "liters"), "ml": ("milliliter", "milliliters"), "gal": ("gallon", "gallons"),
+    "mph": ("mile per hour", "miles per hour"), "km/h": ("kilometer per hour", "kilometers per hour"),
+    "kph": ("kilometer per hour", "kilometers per hour"),
+    "kb": ("kilobyte", "kilobytes"), "mb": ("megabyte", "megabytes"), "gb": ("gigabyte", "gigabytes"),
+    "tb": ("terabyte", "terabytes"), "mbps": ("megabit per second", "megabits per second"),
+    "gbps": ("gigabit per second", "gigabits per second"),
+    "hz": ("hertz", "hertz"), "khz": ("kilohertz", "kilohertz"), "mhz": ("megahertz", "megahertz"),
+    "ghz": ("gigahertz", "gigahertz"), "w": ("watt", "watts"), "kw": ("kilowatt", "kilowatts"),
+    "kwh": ("kilowatt hour", "kilowatt hours"), "v": ("volt", "volts"), "mah": ("milliamp hour", "milliamp hours"),
+    "ms": ("millisecond", "milliseconds"), "sec": ("second", "seconds"), "secs": ("second", "seconds"),
+    "min": ("minute", "minutes"), "mins": ("minute", "minutes"), "hr": ("hour", "hours"), "hrs": ("hour", "hours"),
+    "h": ("hour", "hours"),
+    "°f": ("degree Fahrenheit", "degrees Fahrenheit"), "°c": ("degree Celsius", "degrees Celsius"),
+    "°": ("degree", "degrees"), "f": ("degree Fahrenheit", "degrees Fahrenheit"),
+    "c": ("degree Celsius", "degrees Celsius"),
+}
+# Units that are only units right after a number written with them or after "°" (not as a word alone).
+_GLUED_ONLY = frozenset({"h", "f", "c", "in.", "m", "g", "l", "w", "v"})
+#: Currency codes before or after an amount.
+CURRENCY_CODES = {"usd": ("dollar", "dollars"), "eur": ("euro", "euros"), "gbp": ("pound", "pounds"),
+                  "cad": ("Canadian dollar", "Canadian dollars"), "aud": ("Australian dollar", "Australian dollars"),
+                  "jpy": ("yen", "yen"), "inr": ("rupee", "rupees"), "chf": ("Swiss franc", "Swiss francs")}
+#: How "am" and "pm" after a time are said.
+AMPM_SAID = {"a": "AM", "p": "PM"}  # (a capital pair: the voices spell it, "A M" has Piper pause)
+#: Two-letter country domains said as a word, not spelled.
+_SAID_DOMAINS = frozenset({"co", "me"})
+_FRACTIONS = {2: ("half", "halves"), 4: ("quarter", "quarters")}
+
+_NUM = r"\d[\d,]*(?:\.\d+)?"
+_PHONE = re.compile(r"^(?:\+?(?P<cc>\d{1,3})[-.\s]?)?(?:\((?P<pa>\d{3})\)\s?|(?P<a>\d{3})[-.])(?P<b>\d{3})[-.](?P<c>\d{4})$"
+                    r"|^(?P<b7>\d{3})-(?P<c7>\d{4})$")
+_PLUS = re.compile(r"^\+\d{1,3}$")
+_E164 = re.compile(r"^\+\d{8,15}$")
+_GROUP = re.compile(r"^\d{2,4}$")
+_EMAIL = re.compile(r"^(?P<local>[A-Za-z0-9][A-Za-z0-9._%+-]*)@(?P<host>[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+)$")
+_TLDS = frozenset("com org net edu gov io ai dev app co uk us de fr ca au info biz me tv ly gg xyz eu nl es it "
+                  "ch se no in jp cn ru br mx nz ie be at dk fi pl pt shop store online site tech cloud".split())
+_WEB = re.compile(r"^(?P<host>(?:[A-Za-z0-9-]+\.)+(?P<tld>[A-Za-z]{2,6}))(?P<path>(?:/[A-Za-z0-9._~%-]*)*)$")
+_ISO_DATE = re.compile(r"^(?P<y>\d{4})-(?P<m>\d{2})-(?P<d>\d{2})$")
+_SLASH_DATE = re.compile(r"^(?P<a>\d{1,2})/(?P<b>\d{1,2})(?:/(?P<y>\d{4}|\d{2}))?$")
+_TIME = re.compile(r"^(?P<h>\d{1,2})(?::(?P<m>\d{2})|\.(?P<dm>\d{2})(?=[ap]))?(?P<ap>[ap]\.?m\.?)?$", re.IGNORECASE)
+_AMPM = re.compile(r"^(?P<ap>[ap])\.?m\.?$", re.IGNORECASE)
+_ORDINAL = re.compile(r"^(?P<n>\d+)(?:st|nd|rd|th)$", re.IGNORECASE)
+_PERCENT = re.compile(rf"^(?P<sign>[-−]?)(?P<n>{_NUM})\s?%$")
+_VERSION = re.compile(r"^(?P<v>[vV])?(?P<n>\d+(?:\.\d+)+)$|^[vV](?P<n1>\d+)$")
+_NUMBER = re.compile(rf"^(?P<sign>[-−]?)(?P<n>{_NUM})$")
+_WITH_UNIT = re.compile(rf"^(?P<sign>[-−]?)(?P<n>{_NUM})(?P<unit>°?[A-Za-z/]+\.?|°)$")
+_CODE = re.compile(r"^#?(?=[A-Z0-9-]*\d)(?=[A-Z0-9-]*[A-Z])[A-Z0-9]+(?:-[A-Z0-9]+)*$")
+_HASH_NUMBER = re.compile(r"^#(?P<n>[A-Z0-9-]+)$")
+_CODE_CHARS = re.compile(r"^[A-Z0-9]+(?:-[A-Z0-9]+)*$")
+_DIGITS_ONLY = re.compile(r"^\d+$")
+_ANY_DIGIT = re.compile(r"\d")
+
+
+class Context:
+    """What the rules know around one word.
+
+    Attributes:
+        before: the written words before it in the turn, nearest last (a few are enough).
+        nxt: the written word after it, or None when none is known (the end of the text so far).
+        phone: the word before it was read as part of a phone number.
+    """
+
+    def __init__(self, before: list[str], nxt: str | None, phone: bool = False):
+        self.before, self.nxt, self.phone = before, nxt, phone
+
+    @property
+    def prev(self) -> str:
+        """The word before, bare and lower case (``""`` at the start)."""
+        return bare(self.before[-1]) if self.before else ""
+
+    @property
+    def next(self) -> str:
+        """The word after, bare and lower case (``""`` when none is known)."""
+        return bare(self.nxt) if self.nxt is not None else ""
+
+
+def bare(word: str) -> str:
+    """``word`` without surrounding quotes, brackets and punctuation, in lower case."""
+    return word.strip("\"'“”‘’«»()[]{}.,;:!?…").lower()
+
+
+def read(word: str, context: Context) -> tuple[str | None, str]:
+    """How to read one written word.
+
+    Args:
+        word: the written word (punctuation attached, no whitespace).
+        context: the words around it (:class:`Context`).
+
+    Returns:
+        ``(spoken, kind)``: the spoken form of the word's core (its leading and trailing
+        punctuation excluded; see :func:`split`), or None when the word is read as written;
+        ``kind`` names the rule (``"phone"``, ``"email"``, ``"url"``, ``"date"``, ``"time"``,
+        ``"unit"``, ``"ordinal"``, ``"percent"``, ``"version"``, ``"code"``, ``"money"``,
+        ``"number"``, ``"word"``), ``""`` for a word read as written.
+
+    >>> read("555-123-4567", Context([], None))
+    ('five five five, one two three, four five six seven', 'phone')
+    >>> read("5:30pm,", Context(["at"], "please"))
+    ('five thirty PM', 'time')
+    """
+    lead, core, trail = split(word)
+    if not core:
+        return None, ""
+    if core.isalpha() and not core.isupper() and not (context.before and _ANY_DIGIT.search(context.before[-1])):
+        return _classic(core, trail, context) or (None, "")  # an ordinary word: the fast path
+    for rule in _RULES:
+        got = rule(core, trail, context)
+        if got is not None:
+            return got
+    return None, ""
+
+
+def split(word: str) -> tuple[str, str, str]:
+    """``(lead, core, trail)``: opening quotes/brackets, the word, closing punctuation."""
+    m = _SPLIT.match(word)
+    lead, core, trail = m["lead"], m["core"], m["trail"]
+    if core.endswith((".m", ".M")) and trail.startswith("."):  # "p.m." keeps its last stop
+        core, trail = core + ".", trail[1:]
+    return lead, core, trail
+
+
+_SPLIT = re.compile(r"^(?P<lead>[\"'“‘«(\[{¿¡]*)(?P<core>.*?)(?P<trail>[.,;:!?…\"'”’»)\]}]*)$", re.DOTALL)
+
+
+# -- pieces ------------------------------------------------------------------------------------
+def digits(text: str) -> str:
+    """Each digit of ``text`` as a word: "0199" → "zero one nine nine"."""
+    return " ".join(DIGITS[int(c)] for c in text if c.isdigit())
+
+
+def spell(text: str) -> str:
+    """A code one character at a time: letters as capitals, digits as words, ``-`` a pause."""
+    groups = [" ".join(DIGITS[int(c)] if c.isdigit() else c.upper() for c in part if c.isalnum())
+              for part in text.split("-")]
+    return ", ".join(g for g in groups if g)
+
+
+def number(text: str, sign: str = "") -> str | None:
+    """A written number in words: "5,000" → "five thousand", "3.14" → "three point one four"."""
+    amount = v._amount(text, False)
+    if amount is None:
+        return None
+    whole, point, fraction = str(amount).partition(".")
+    words = v.cardinal(int(whole)) + (f" point {digits(text.rpartition('.')[2])}" if point else "")
+    return f"minus {words}" if sign else words
+
+
+def _plural_after(text: str) -> bool:
+    return v._amount(text, False) != 1
+
+
+# -- rules: each (core, trail, context) → (spoken, kind) or None -------------------------------
+def _phone(core: str, trail: str, c: Context):
+    if m := _PHONE.match(core):
+        if m["b7"]:
+            return f"{digits(m['b7'])}, {digits(m['c7'])}", "phone"
+        groups = [g for g in (m["cc"], m["pa"] or m["a"], m["b"], m["c"]) if g]
+        head = f"plus {digits(m['cc'])}" if m["cc"] and core.startswith("+") else None
+        parts = ([head] if head else []) + [digits(g) for g in (groups[1:] if head else groups)]
+        return ", ".join(parts), "phone"
+    if _E164.match(core):
+        return f"plus {digits(core)}", "phone"
+    # a number in groups, one word each ("+44 20 7946 0958", "(555) 123-4567"): a pause between
+    more = c.nxt is not None and bool(_GROUP.match(bare(c.nxt).strip("()")) or _PHONE.match(bare(c.nxt)))
+    pause = "," if more else ""
+    if _PLUS.match(core) and more:
+        return f"plus {digits(core)}{pause}", "phone"
+    pa = core.strip("()")
+    if c.phone and _GROUP.match(pa):
+        return digits(pa) + pause, "phone"
+    if re.fullmatch(r"\(\d{3}\)|\d{3}", core) and c.nxt is not None and _PHONE.match(bare(c.nxt)):
+        return digits(core) + pause, "phone"
+    return None
+
+
+def _email(core: str, trail: str, c: Context):
+    m = _EMAIL.match(core)
+    if not m:
+        return None
+    return f"{_address(m['local'])} at {_host(m['host'])}", "email"
+
+
+def _url(core: str, trail: str, c: Context):
+    m = _WEB.match(core)
+    if not m or m["tld"].lower() not in _TLDS or not re.search(r"[A-Za-z]", m["host"].split(".")[0]):
+        return None
+    path = [p for p in m["path"].split("/") if p]
+    spoken = _host(m["host"])
+    for part in path:
+        spoken += " slash " + _address(part)
+    return spoken, "url"
+
+
+def _address(text: str) -> str:
+    """A local part or a path segment: words, and ``. _ - + %`` said."""
+    names = {".": "dot", "_": "underscore", "-": "dash", "+": "plus", "%": "percent", "~": "tilde"}
+    out = []
+    for piece in re.findall(r"[A-Za-z]+|\d+|[._+%~-]", text):
+        if piece in names:
+            out.append(names[piece])
+        elif piece.isdigit():
+            out.append(number(piece) if len(piece) <= 2 else digits(piece))
+        else:
+            out.append(_label(piece))
+    return " ".join(out)
+
+
+def _label(word: str) -> str:
+    """A letter run: said as a word, or spelled when it has no vowel (``hr``, ``xyz``)."""
+    if not re.search(r"[aeiouAEIOU]", word) or (len(word) <= 2 and word.isupper()):
+        return " ".join(word.upper())
+    return word.lower() if not word.isupper() or len(word) > 4 else " ".join(word)
+
+
+def _host(host: str) -> str:
+    labels = host.split(".")
+    if labels[0].lower() == "www":
+        labels = labels[1:]
+    spoken = []
+    for i, label in enumerate(labels):
+        last = i == len(labels) - 1
+        if last and len(label) == 2 and label.lower() not in _SAID_DOMAINS:
+            spoken.append(" ".join(label.upper()))
+        else:
+            spoken.append(_address(label))
+    return " dot ".join(spoken)
+
+
+def _date(core: str, trail: str, c: Context):
+    if m := _ISO_DATE.match(core):
+        y, mo, d = int(m["y"]), int(m["m"]), int(m["d"])
+        if 1 <= mo <= 12 and 1 <= d <= 31:
+            return f"{MONTHS[mo - 1]} {_ordinal(d)}, {v.year_words(y)}", "date"
+        return None
+    if m := _SLASH_DATE.match(core):
+        a, b, y = int(m["a"]), int(m["b"]), m["y"]
+        month, day = (a, b) if a <= 12 else (b, a)
+        if not (1 <= month <= 12 and 1 <= day <= 31):
+            return None
+        if y is None and c.prev not in DATE_CUES and a < b and b in (2, 3, 4, 8) and a <= 7:
+            return _fraction(a, b), "number"
+        spoken = f"{MONTHS[month - 1]} {_ordinal(day)}"
+        if y is not None:
+            year = int(y) if len(y) == 4 else 2000 + int(y)
+            spoken += f", {v.year_words(year)}"
+        return spoken, "date"
+    if _DIGITS_ONLY.match(core) or _ORDINAL.match(core):  # a day next to its month
+        n = int(re.match(r"\d+", core).group())
+        if 1 <= n <= 31 and (c.prev in _MONTH_OF and (c.prev != "may" or c.before[-1][:1] == "M")):
+            return _ordinal(n), "date"
+        if 1 <= n <= 31 and c.next in _MONTH_OF and c.next not in ("may", "mar") and c.nxt[:1].isupper():
+            return f"the {_ordinal(n)} of", "date"
+    return None
+
+
+def _ordinal(n: int) -> str:
+    return num2words(n, lang="en", to="ordinal")
+
+
+def _fraction(a: int, b: int) -> str:
+    if b in _FRACTIONS:
+        name = _FRACTIONS[b][0 if a == 1 else 1]
+    else:
+        name = _ordinal(b) + ("" if a == 1 else "s")
+    return f"{v.cardinal(a)} {name}" if a != 1 or b != 2 else "one half"
+
+
+def _time(core: str, trail: str, c: Context):
+    if _AMPM.match(core):
+        prev_core = split(c.before[-1])[1] if c.before else ""
+        if re.fullmatch(r"\d{1,2}(?::\d{2})?", prev_core) and c.before[-1] == prev_core:
+            return AMPM_SAID[_AMPM.match(core)["ap"].lower()], "time"
+        return None
+    m = _TIME.match(core)
+    if not m or (m["m"] is None and m["ap"] is None):
+        return None
+    if m["dm"]:  # "5.30pm"
+        m = _TIME.match(f"{m['h']}:{m['dm']}{m['ap']}")
+    h = int(m["h"])
+    if h > 24 or (m["ap"] and not 1 <= h <= 12) or (m["m"] and int(m["m"]) > 59):
+        return None
+    ampm = f" {AMPM_SAID[m['ap'][0].lower()]}" if m["ap"] else ""
+    next_ampm = bool(_AMPM.match(c.next))
+    if m["m"] is None or m["m"] == "00":
+        spoken = v.cardinal(h) + ("" if ampm or next_ampm or m["m"] is None else " o'clock")
+    elif m["m"].startswith("0"):
+        spoken = f"{v.cardinal(h)} oh {DIGITS[int(m['m'][1])]}"
+    else:
+        spoken = f"{v.cardinal(h)} {v.cardinal(int(m['m']))}"
+    return spoken + ampm, "time"
+
+
+def _unit_name(unit: str, glued: bool) -> tuple[str, str] | None:
+    key = unit.lower()
+    if key not in UNITS or (not glued and key in _GLUED_ONLY and not unit.startswith("°")):
+        return None
+    if key in ("m", "mb", "gb", "kb", "tb") and unit in ("M",):
+        return None  # "5M" is millions (money handles "$5M")
+    return UNITS[key]
+
+
+def _unit(core: str, trail: str, c: Context):
+    if (m := _WITH_UNIT.match(core)) and (names := _unit_name(m["unit"], True)):
+        said = number(m["n"], m["sign"])
+        if said is not None:
+            return f"{said} {names[1] if _plural_after(m['n']) else names[0]}", "unit"
+    if c.before:  # a unit after its number: "5 km"
+        prev_core = split(c.before[-1])[1]
+        if (pm := _NUMBER.match(prev_core)) and c.before[-1] == prev_core:
+            names = _unit_name(core + ("." if core == "in" and trail.startswith(".") else ""), False)
+            if names and core not in ("in", "m", "min") or (names and core == "min"):
+                return names[1] if _plural_after(pm["n"]) else names[0], "unit"
+            key = core.lower()
+            if key in CURRENCY_CODES and core.isupper():
+                cur = CURRENCY_CODES[key]
+                return cur[1] if _plural_after(pm["n"]) else cur[0], "money"
+    return None
+
+
+def _ordinal_rule(core: str, trail: str, c: Context):
+    if m := _ORDINAL.match(core):
+        return _ordinal(int(m["n"])), "ordinal"
+    return None
+
+
+def _percent(core: str, trail: str, c: Context):
+    if m := _PERCENT.match(core):
+        said = number(m["n"], m["sign"])
+        return (f"{said} percent", "percent") if said else None
+    return None
+
+
+def _version(core: str, trail: str, c: Context):
+    m = _VERSION.match(core)
+    if not m:
+        return None
+    if m["n1"]:
+        return f"version {v.cardinal(int(m['n1']))}", "version"
+    parts = m["n"].split(".")
+    if not (m["v"] or len(parts) > 2 or c.prev in VERSION_CUES):
+        return None
+    spoken = " point ".join(v.cardinal(int(p)) for p in parts)
+    return (f"version {spoken}" if m["v"] else spoken), "version"
+
+
+def _code(core: str, trail: str, c: Context):
+    if (m := _HASH_NUMBER.match(core)) and _CODE_CHARS.match(m["n"]):
+        return f"number {spell(m['n'])}", "code"
+    cued = c.prev in CODE_CUES or (c.prev == "is" and len(c.before) >= 2 and bare(c.before[-2]) in CODE_CUES)
+    if _CODE.match(core) and len(core.replace("-", "")) >= 4 and not _ORDINAL.match(core):
+        return spell(core), "code"
+    if cued and _CODE_CHARS.match(core) and len(core.replace("-", "")) >= 3 and (
+            not core.isdigit() or len(core) >= 4) and not (core.isalpha() and re.search(r"[AEIOU]", core) and len(core) <= 4):
+        return spell(core), "code"
+    if _DIGITS_ONLY.match(core) and len(core) >= 6:
+        return digits(core), "code"
+    if re.fullmatch(r"\d{5}", core) and not v._looks_plural(c.next):
+        return digits(core), "code"  # a ZIP code, an order number
+    return None
+
+
+def _money(core: str, trail: str, c: Context):
+    spoken = v._money(core, c.nxt) or v._scale_after_money(core, c.before)
+    return (spoken, "money") if spoken else None
+
+
+def _classic(core: str, trail: str, c: Context):
+    prev = c.prev
+    spoken = v._year(core, prev, c.nxt, c.before)
+    if spoken:
+        return spoken, "number"
+    spoken = v._roman(core, prev, c.before) or v._abbreviation(core, trail, c.nxt)
+    return (spoken, "word") if spoken else None
+
+
+def _plain_number(core: str, trail: str, c: Context):
+    if m := _NUMBER.match(core):
+        said = number(m["n"], m["sign"])
+        return (said, "number") if said else None
+    if re.fullmatch(r"\d+-\d+", core):  # a range: "5-6" → "five to six"
+        a, b = core.split("-")
+        return f"{v.cardinal(int(a))} to {v.cardinal(int(b))}", "number"
+    if re.search(r"\d", core) and re.fullmatch(r"[A-Za-z0-9]+", core):  # "4G", "mp3", "b2b"
+        return " ".join(v.cardinal(int(p)) if p.isdigit() else (" ".join(p.upper()) if p.isupper() else p)
+                        for p in re.findall(r"[A-Za-z]+|\d+", core)), "number"
+    return None
+
+
+_RULES = (_phone, _email, _url, _date, _time, _money, _unit, _ordinal_rule, _percent, _version, _code,
+          _classic, _plain_number)
