@@ -94,9 +94,8 @@ class ChromiumHost:
         app.router.add_static("/static/", path=str(files("myna.web")), show_index=False)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
+        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        port = self._runner.addresses[0][1]
         self._playwright = await async_playwright().start()
         self._browser = await self._playwright.chromium.launch(executable_path=CHROMIUM, headless=True,
                                                                args=CHROMIUM_ARGS)
