@@ -88,9 +88,14 @@ def test_chromium_hears_every_turn_after_the_server_sent_it():
         c = row["chromium"]
         render, server = c["render_ttfa_ms"], c["server_ttfa_ms"]
         assert c["turns"] == TURNS and c["errors"] == 0 and c["silent_turns"] == 0, row
-        assert render["n"] == server["n"] == TURNS, row
-        # Per turn: the first audible sample is rendered after the server sent its first audio.
-        assert c["render_minus_server_ms_min"] >= 0, row
-        assert 0 < server["p50"] <= render["p50"] < 60_000, row
+        assert render["n"] == TURNS, row
+        if not row["peer"] or server["n"]:
+            # Pipecat's sentence lane, on a loaded host, may end its TTS context "with no audio"
+            # and play the audio after it: no first_audio for that turn (its aiortc row shows
+            # the same). Myna always reports one.
+            assert row["peer"] or server["n"] == TURNS, row
+            # Per turn: the first audible sample is rendered after the server sent its first audio.
+            assert c["render_minus_server_ms_min"] >= 0, row
+            assert 0 < server["p50"] <= render["p50"] < 60_000, row
         assert row["arrival_ttfa_ms"]["n"] == TURNS  # the aiortc client's figure of the same cell, beside it
     assert "In Chromium" in proc.stdout and "render p50" in proc.stdout

@@ -51,6 +51,10 @@ CHROMIUM_ARGS = [
 ]
 #: The page hook, under the host's /static/.
 PAGE = "bench.html"
+#: A peer that reports its turn's end before its transport sends the audio (the Pipecat peer):
+#: how long after ``turn_done`` a turn with nothing heard yet waits for its onset (ms), as long as
+#: the aiortc client waits (:meth:`myna.rtc.client.MynaClient._until_quiet`, ``silent_s``).
+PEER_ONSET_GRACE_MS = 10_000
 #: A Myna turn is final once its lane has been quiet this long after turn_done (lane.js's own rule).
 QUIET_MS = 250
 
@@ -144,7 +148,8 @@ class ChromiumHost:
             self._upstreams.append(system.url)
         base = f"/upstream/{self._upstreams.index(system.url)}"
         try:
-            lane = await self._page.evaluate("([b, e]) => window.mynaBench.open(b, e)", [base, system.engine])
+            lane = await self._page.evaluate("([b, e, g]) => window.mynaBench.open(b, e, g)",
+                                             [base, system.engine, PEER_ONSET_GRACE_MS if system.quiet_tail_s else None])
         except Exception as exc:  # playwright.Error: the page's exception, as text
             raise RuntimeError(f"Chromium could not open a session with {system.label} at {system.url}: {exc}") from None
         quiet_ms = max(QUIET_MS, 1000.0 * (system.quiet_tail_s or 0.0))

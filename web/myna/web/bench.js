@@ -7,14 +7,16 @@
 // error bound is in lane.js). Nothing here measures anything itself.
 //
 // window.mynaBench (all return Promises; ids are small integers):
-//   open(baseUrl, engine)                    → id, once the session is ready and its render
-//                                              clock is calibrated (Lane.calibrateLead)
+//   open(baseUrl, engine, noOnsetGraceMs)    → id, once the session is ready and its render
+//                                              clock is calibrated (Lane.calibrateLead);
+//                                              noOnsetGraceMs: Lane's option (null: its default)
 //   speak(id, text, tokensPerSecond, quietMs, timeoutMs)
 //                                            → the turn, once final (lane.js: quiet after
 //                                              turn_done) and the lane has been quiet quietMs:
 //        {status, render_ttfa_ms, server_ttfa_ms, pre_roll_ms, audio_ms, underruns, gap_ms,
 //         error, lead_calibrated}  (render_ttfa_ms null: nothing audible was rendered)
 //   close(id)
+//   lane(id)                                 → the Lane itself (for debugging)
 // `baseUrl` is where the session's POST /api/offer goes (the benchmark's signaling relay, so
 // every server is same-origin to the page); media and data channel go straight to the server.
 
@@ -36,13 +38,14 @@ async function until(predicate, timeoutMs) {
   return true;
 }
 
-async function open(baseUrl, engine) {
+async function open(baseUrl, engine, noOnsetGraceMs = null) {
   const ctx = audioContext();
   if (ctx.state !== "running") await ctx.resume();
   nextId += 1;
   const id = nextId;
   // Muted: a headless benchmark has no listener; a muted lane is still decoded and measured.
-  const lane = new Lane({ baseUrl, engine: engine || null, label: `bench-${id}`, muted: true });
+  const lane = new Lane({ baseUrl, engine: engine || null, label: `bench-${id}`, muted: true,
+                         noOnsetGraceMs: noOnsetGraceMs ?? undefined });
   lanes.set(id, lane);
   await lane.connect();
   if (lane.state !== "connected") throw new Error(`session not connected: ${lane.state}`);
@@ -78,4 +81,4 @@ function close(id) {
   lanes.delete(id);
 }
 
-window.mynaBench = { open, speak, close };
+window.mynaBench = { open, speak, close, lane: (id) => lanes.get(id) };
