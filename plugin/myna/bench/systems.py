@@ -9,6 +9,9 @@ client session for a system; every client answers ``speak(text, tokens_per_s)`` 
 - ``webrtc``: :class:`myna.rtc.client.MynaClient`, the aiortc client (``POST /api/offer``, a
   data channel, one received audio track). It reaches a Myna worker and, unchanged, the Pipecat
   peer (:mod:`myna.bench.pipecat_peer`), which accepts the same signaling and messages.
+- ``chromium``: :class:`myna.bench.chromium.ChromiumSession`, a race-page Lane in real Chromium
+  (``--client chromium``); the same signaling and messages, TTFA at the WebAudio render. Needs a
+  running :class:`myna.bench.chromium.ChromiumHost` (:func:`myna.bench.chromium.using`).
 
 A new transport (LiveKit, say) adds an entry whose client has the same ``speak`` and ``close``.
 """
@@ -81,8 +84,15 @@ async def _open_webrtc(system: System) -> SpeechClient:
     return await _WebRTCSession(system).connect()
 
 
+async def _open_chromium(system: System) -> SpeechClient:
+    from myna.bench.chromium import open_session
+
+    return await open_session(system)
+
+
 #: Transport name → opens a connected :class:`SpeechClient` for a system.
-TRANSPORTS: dict[str, Callable[[System], Awaitable[SpeechClient]]] = {"webrtc": _open_webrtc}
+TRANSPORTS: dict[str, Callable[[System], Awaitable[SpeechClient]]] = {"webrtc": _open_webrtc,
+                                                                       "chromium": _open_chromium}
 
 
 async def open_clients(system: System, n: int) -> list[SpeechClient]:

@@ -7,7 +7,11 @@ sample received), two ways (:mod:`myna.rtc.client`): **arrival** TTFA, when the 
 the first audible sample arrives (decoded on arrival, no receive jitter buffer: the convention
 of Coval's benchmarks; the headline figure, and the one ratios use), and **perceived** TTFA,
 when aiortc's receiver hands that audio out after its jitter buffer has held 4 packets (what
-this benchmark reported before; ~60–80 ms later). Systems are Myna's engines on a worker this benchmark starts (or
+this benchmark reported before; ~60–80 ms later). With ``--client chromium`` every cell is also measured in real Chromium
+(:mod:`myna.bench.chromium`): the race page's own Lane and onset tap give **render** TTFA, first
+text chunk sent → first audible sample rendered by WebAudio, what a listener hears; those turns
+run in their own sessions right after the aiortc client's, and are reported beside the arrival and
+server figures. Systems are Myna's engines on a worker this benchmark starts (or
 ``--server``), the same engines on other running workers (``--compare LABEL=URL``, e.g. an
 older build, labelled ``LABEL:engine``), and with ``--peer pipecat`` Pipecat's own Piper
 pipeline with sentence and with token aggregation (:mod:`myna.bench.pipecat_peer`).
@@ -53,7 +57,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -94,6 +98,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--races", type=int, default=0, metavar="R", help="R headless races between each worker's lanes")
     p.add_argument("--join", type=int, default=0, metavar="R",
                    help="R trials of a session starting while two others speak long replies")
+    p.add_argument("--client", choices=["aiortc", "chromium"], default="aiortc",
+                   help="aiortc (default): arrival TTFA of the first audible packet; chromium: also, in the same "
+                        "cells, render TTFA in real Chromium (/usr/bin/chromium via Playwright): first chunk sent → "
+                        "first audible sample rendered by WebAudio, measured by the race page's onset tap; peers too")
     p.add_argument("--peer", choices=["pipecat"], action="append", default=[],
                    help="also measure a peer's own stack in the same run (pipecat: SmallWebRTC + PiperTTSService)")
     p.add_argument("--compare", action="append", default=[], metavar="LABEL=URL",
@@ -132,6 +140,8 @@ class Plan:
     baseline_repeats: int = 0
     keep_sessions: bool = False
     phrase_cache: bool = False
+    #: ``chromium``: each cell also measured in Chromium (render TTFA); ``aiortc``: not.
+    client: str = "aiortc"
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "Plan":
@@ -146,17 +156,25 @@ class Plan:
         phrase_cache = getattr(args, "phrase_cache", False)
         texts = args.text or list(CACHE_TEXTS if phrase_cache else [DEFAULT_TEXT])
         return cls(engines, levels, args.turns, rates, texts, args.load, args.races, args.join,
-                   args.wer, args.baseline_repeats, args.keep_sessions, phrase_cache)
+                   args.wer, args.baseline_repeats, args.keep_sessions, phrase_cache,
+                   getattr(args, "client", "aiortc"))
 
 
 def run(args: argparse.Namespace) -> int:
     plan = Plan.from_args(args)
     if args.transport == "livekit":  # one text at one rate, through a room and direct
+        if plan.client != "aiortc":
+            raise SystemExit("bench ttfa: --client chromium measures the direct WebRTC path, not --transport livekit")
         from myna.bench import room as bench
 
         return bench.run(argparse.Namespace(**{**vars(args), "text": plan.texts[0], "token_rate": plan.rates[0]}))
     if args.plot:
         _require_matplotlib()
+    if plan.client == "chromium":
+        from myna.bench.chromium import unavailable
+
+        if unavailable():
+            raise SystemExit(f"bench ttfa --client chromium: {unavailable()}")
     compares = [_label_url(c) for c in args.compare]
     from myna.bench.processes import BusyLoad, Server
     from myna.rtc.ice import enable_loopback_candidates
@@ -214,6 +232,21 @@ async def _measure(plan: Plan, systems: list[System]) -> dict:
 
     for url in {s.url for s in systems}:
         await wait_until_ready(url, timeout=180.0)
+    if plan.client == "chromium":
+        from myna.bench import chromium
+
+        async with chromium.ChromiumHost() as host:
+            chromium.using(host)
+            try:
+                result = await _measure_ready(plan, systems)
+            finally:
+                chromium.using(None)
+            result["chromium_page_errors"] = host.page_errors
+        return result
+    return await _measure_ready(plan, systems)
+
+
+async def _measure_ready(plan: Plan, systems: list[System]) -> dict:
     t0 = time.monotonic()
     result = {
         "benchmark": "ttfa",
@@ -226,6 +259,7 @@ async def _measure(plan: Plan, systems: list[System]) -> dict:
         "words": len(plan.texts[0].split()),
         "load": plan.load,
         "cpus": os.cpu_count(),
+        "client": plan.client,
     }
     cached = next((s.url for s in systems if s.server == "cache"), None)
     counts = await _cache_counts(cached) if cached else None
@@ -324,6 +358,23 @@ def summarise(turns: list[Heard]) -> dict:
     }
 
 
+def summarise_render(turns: list[Heard]) -> dict:
+    """A cell's Chromium turns (``--client chromium``): ``render_ttfa_ms`` (first chunk sent →
+    first audible sample rendered by WebAudio; the client's ``perceived_ms``), the same turns'
+    ``server_ttfa_ms``, silent turns (nothing audible rendered), errors, and the least
+    render − server over turns that have both (ms; the render comes after the server sent)."""
+    pairs = [(t.perceived_ms, t.server_ms) for t in turns if t.perceived_ms is not None and t.server_ms is not None]
+    render = _known(t.perceived_ms for t in turns)
+    return {
+        "turns": len(turns),
+        "render_ttfa_ms": _stats(render),
+        "server_ttfa_ms": _stats(_known(t.server_ms for t in turns)),
+        "render_minus_server_ms_min": round(min(r - s for r, s in pairs), 1) if pairs else None,
+        "silent_turns": len(turns) - len(render),
+        "errors": sum(t.errors for t in turns),
+    }
+
+
 def _known(values) -> list:
     return [v for v in values if v is not None]
 
@@ -332,8 +383,10 @@ def _known(values) -> list:
 async def run_cells(plan: Plan, systems: list[System]) -> list[dict]:
     """Every system × concurrency level × rate, systems interleaved turn by turn."""
     rows: dict[tuple, dict] = {}
+    # --client chromium: each system's twin in Chromium, measured right after it (own sessions).
+    twins = {s: replace(s, transport="chromium") for s in systems} if plan.client == "chromium" else {}
     for n in plan.levels:
-        kept = {s: await _warm_sessions(s, n) for s in systems} if plan.keep_sessions else {}
+        kept = ({s: await _warm_sessions(s, n) for s in [*systems, *twins.values()]} if plan.keep_sessions else {})
         try:
             for i in range(plan.turns):
                 text = plan.texts[i % len(plan.texts)]
@@ -344,6 +397,11 @@ async def run_cells(plan: Plan, systems: list[System]) -> list[dict]:
                                                                    "sessions": n, "token_rate": rate, "heard": [],
                                                                    "busy_s": 0.0, "audio_s": 0.0})
                         await _turn(s, kept.get(s) or await _warm_sessions(s, n), text, rate, row, close=not kept)
+                        if s in twins:
+                            twin = twins[s]
+                            browser = {"heard": row.setdefault("chromium_heard", []), "busy_s": 0.0, "audio_s": 0.0}
+                            await _turn(twin, kept.get(twin) or await _warm_sessions(twin, n), text, rate, browser,
+                                        close=not kept)
                     print(f"  turn {i + 1}/{plan.turns} ×{n} at {_rate(rate)} done", file=sys.stderr, flush=True)
         finally:
             await asyncio.gather(*(c.close() for cs in kept.values() for c in cs), return_exceptions=True)
@@ -351,6 +409,8 @@ async def run_cells(plan: Plan, systems: list[System]) -> list[dict]:
     for row in rows.values():
         busy, audio = row.pop("busy_s"), row.pop("audio_s")
         row.update(summarise(row["heard"]), rtf=round(busy / audio, 4) if audio > 0 else None)
+        if "chromium_heard" in row:
+            row["chromium"] = summarise_render(row["chromium_heard"])
         out.append(row)
     return out
 
@@ -459,6 +519,7 @@ def _add_wer(result: dict) -> None:
 def _drop_audio(result: dict) -> None:
     for row in result["rows"]:
         row.pop("heard", None)
+        row.pop("chromium_heard", None)
 
 
 async def _whole_reply_baseline(plan: Plan) -> dict:
@@ -529,6 +590,7 @@ def format_table(result: dict) -> str:
                  "arrival, no jitter buffer); jb: the same sample out of aiortc's jitter buffer (4 packets); server: the worker's first_audio "
                  "(ms); pre-roll: max first_audio.pre_roll_ms; gap: each turn's total gap_ms (p95 over turns, sum); "
                  "under: underruns; RTF: engine busy s per audio s (lower is better); WER: Whisper tiny.en.")
+    lines += _render_lines(result)
     if any(row["rtf"] is None and not row.get("peer") for row in result["rows"]):
         lines.append("RTF —: not measured; only a worker this benchmark starts itself reports its engines' busy "
                      "time (not one given with --server or --compare).")
@@ -561,6 +623,28 @@ def format_table(result: dict) -> str:
                      f"(n={w['synthesis_ms']['n']}); a non-streaming pipeline's TTFA ≈ {w['ttfa_ms_p50']:.0f} ms "
                      f"(text written, then synthesised).")
     return "\n".join(lines)
+
+
+def _render_lines(result: dict) -> list[str]:
+    """``--client chromium``: per cell, render TTFA in Chromium beside the server figure (of the
+    same Chromium turns) and the aiortc client's arrival figure."""
+    rows = [r for r in result["rows"] if "chromium" in r]
+    if not rows:
+        return []
+    lines = ["In Chromium (--client chromium; the race page's Lane and onset tap, own sessions after the aiortc ones):",
+             f"{'system':<22} {'sess':>4} {'text':>10} {'render p50':>10} {'p95':>7} {'server':>7} {'arrival':>7} "
+             f"{'n':>3} {'silent':>6} {'errors':>6}"]
+    for row in rows:
+        c = row["chromium"]
+        r = c["render_ttfa_ms"]
+        lines.append(f"{row['system']:<22} {row['sessions']:>4} {_rate(row['token_rate']):>10} "
+                     f"{(_fmt(r.get('p50')) + ' ms') if r['n'] else 'no audio':>10} {_fmt(r.get('p95')):>7} "
+                     f"{_fmt(c['server_ttfa_ms'].get('p50')):>7} {_fmt(row[HEADLINE].get('p50')):>7} {r['n']:>3} "
+                     f"{c['silent_turns']:>6} {c['errors']:>6}")
+    lines.append("render: first text chunk sent → first audible sample rendered by WebAudio in Chromium (ms; true ≤ "
+                 "reading ≤ true + 10 ms); server: first_audio of the same Chromium turns; arrival: the aiortc "
+                 "client's TTFA p50 of the cell.")
+    return lines
 
 
 def _ratios(result: dict) -> list[str]:
