@@ -185,7 +185,7 @@ class _SayError(Exception):
 
 
 def _say(args: argparse.Namespace) -> int:
-    from myna.text.normalise import normalise
+    from myna.text.symbols import normalise
 
     try:
         if not normalise(args.text):

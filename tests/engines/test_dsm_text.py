@@ -55,7 +55,7 @@ async def test_the_model_gets_the_words_verbalised_and_captions_keep_the_written
     """Issue 25.4: the same normaliser as Piper's runs in front of DSM, so the model's text
     tokens are those of the spoken words ("five five five, …"), never of digits or symbols; the
     word events carry the written words."""
-    from myna.text.normaliser import read_text
+    from myna.text.intake import read_text
 
     tokenizer = engine.tts.tokenizer
     encoded: list[tuple[str, list[int]]] = []

@@ -21,7 +21,7 @@ import soxr
 
 from myna.bench.wer import words
 from myna.engines import AudioChunk, WordEvent
-from myna.text.normaliser import read_text
+from myna.text.intake import read_text
 
 from inprocess import collect
 

@@ -12,7 +12,7 @@ import pytest
 
 from myna.bench.wer import words as compared
 from myna.text import TextIntake, normalise, said
-from myna.text.normaliser import read_text
+from myna.text.intake import read_text
 
 SENTENCES = json.loads((Path(__file__).parent / "data" / "agent_sentences.json").read_text())
 

@@ -57,7 +57,7 @@ from myna.engines.scheduler import HORIZON_S, DeadlineScheduler
 from myna.text.scripts import LATIN
 from myna.text import ClauseChunker, Pause, SentenceChunker, WholeChunker
 from myna.text import said
-from myna.text.normalise import ends_clause
+from myna.text.symbols import ends_clause
 from myna.text.verbalise import drop_stop, inner_stops
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ of it can be spoken.
 
 from myna.text import said
 from myna.text.intake import IntakeItem, Pause, Skipped, TextIntake
-from myna.text.normalise import has_speech, normalise, normalise_word
+from myna.text.symbols import has_speech, normalise, normalise_word
 from myna.text.segment import ClauseChunker, SentenceChunker, WholeChunker, WordSegmenter
 
 __all__ = [

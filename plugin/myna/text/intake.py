@@ -35,7 +35,7 @@ from myna.text import lexicon as lexicon_module
 from myna.text import said
 from myna.text.markup import LINE_BREAK, Pause, Said, TagScanner
 from myna.text.normaliser import Normaliser
-from myna.text.normalise import ends_clause
+from myna.text.symbols import ends_clause
 from myna.text.scripts import LATIN, foreign_script
 from myna.text.segment import WordSegmenter
 from myna.text.sentences import CLOSERS
@@ -199,3 +199,15 @@ def speech_in(text: str, scripts: frozenset[str] = LATIN) -> tuple[bool, list[Sk
     intake = TextIntake(scripts)
     items = intake.push(text) + intake.flush()
     return any(isinstance(item, str) for item in items), [item for item in items if isinstance(item, Skipped)]
+
+
+def read_text(text: str, enabled: bool = True) -> str:
+    """A whole text as the engines are given it: normalised words, each marked word replaced
+    by its spoken form (tests and the WER check compare with this).
+
+    >>> read_text("Call 555-0199 at 5pm.")
+    'Call five five five, zero one nine nine at five PM.'
+    """
+    intake = TextIntake(normalise=enabled)
+    items = intake.push(text) + intake.flush()
+    return " ".join(said.split(w)[1] or w for w in items if isinstance(w, str))

@@ -29,7 +29,7 @@ from __future__ import annotations
 import re
 
 from myna.text import readings, said
-from myna.text.normalise import ends_clause
+from myna.text.symbols import ends_clause
 from myna.text.verbalise import NUMBER_ABBREVIATIONS
 
 #: Words of context kept before the word being read.
@@ -114,16 +114,3 @@ class Normaliser:
             return word
         return lead + said.mark(core, spoken) + trail
 
-
-def read_text(text: str, enabled: bool = True) -> str:
-    """A whole text as the engines are given it: normalised words, each marked word replaced
-    by its spoken form (tests and the WER check compare with this).
-
-    >>> read_text("Call 555-0199 at 5pm.")
-    'Call five five five, zero one nine nine at five PM.'
-    """
-    from myna.text.intake import TextIntake
-
-    intake = TextIntake(normalise=enabled)
-    items = intake.push(text) + intake.flush()
-    return " ".join(said.split(w)[1] or w for w in items if isinstance(w, str))

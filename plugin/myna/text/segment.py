@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from myna.text import said
 from myna.text.markup import Pause
-from myna.text.normalise import append_word, ends_clause, has_speech
+from myna.text.symbols import append_word, ends_clause, has_speech
 from myna.text.sentences import CLOSERS, End, end_of, is_boundary
 
 #: Longest word passed on (characters); a longer run without whitespace is cut into pieces this
@@ -32,7 +32,7 @@ class WordSegmenter:
     A word is complete when whitespace follows it; the partial word at the end of a chunk
     waits for the next chunk, so ``"ref"`` + ``"erence "`` gives ``["reference"]`` and an
     emoji sequence split across chunks is never seen in halves. Words are normalised with
-    :func:`myna.text.normalise.normalise_word`: never empty, never containing whitespace,
+    :func:`myna.text.symbols.normalise_word`: never empty, never containing whitespace,
     always speakable (:func:`has_speech`). A word that is only punctuation (``"..."``,
     ``"—"``) joins the word before it (``"wait ..."`` → ``"wait..."``) so clause boundaries
     survive, or is dropped when there is none.
@@ -226,8 +226,10 @@ class ClauseChunker(_Chunker):
     ([], 0.25, [], ['Well'])
     >>> early.flush(), [early.push(w, now=1.0) for w in "I think the".split()], early.poll(1.0)
     ([], [[], [], []], [])
-    >>> early.push("answer", now=1.1), early.poll(1.1)
-    ([], ['I think the answer'])
+    >>> early.push("answer", now=1.1), early.poll(1.1)  # four words: cut between phrases
+    ([], ['I think'])
+    >>> early.flush()
+    ['the answer']
     """
 
     def __init__(self, max_words: int = 60, first_min_words: int = 1, max_chars: int = 480,

@@ -1,4 +1,6 @@
-"""Speech normalisation: turn agent text (markdown, emoji, URLs) into words a TTS can speak.
+"""Symbols: turn agent text (markdown, emoji, URLs) into words a TTS can speak: which symbols
+are kept and which dropped (the spoken forms of numbers, dates and addresses are
+:mod:`myna.text.normaliser`'s).
 
 Everything works on one whitespace-free *raw word* at a time, so the streaming segmenter
 (:mod:`myna.text.segment`) and the whole-text :func:`normalise` give the same words.

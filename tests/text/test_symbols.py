@@ -1,4 +1,4 @@
-"""Speech normalisation (plugin/text/normalise.py)."""
+"""Speech normalisation (plugin/myna/text/symbols.py)."""
 
 import unicodedata
 
