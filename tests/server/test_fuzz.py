@@ -39,7 +39,8 @@ STREAM_CODES = SESSION_CODES | {"binary_input", "config_too_late", "bad_config",
                                 "slow_consumer"}
 HTTP_CODES = {"bad_request", "bad_json", "bad_body", "bad_sdp", "unknown_engine", "unknown_voice", "not_ready",
               "pc_id_in_use", "unknown_pc", "bad_candidate", "token_required", "bad_token", "forbidden", "full",
-              "too_many_sessions", "rate_limited", "draining", "request_entity_too_large", "method_not_allowed"}
+              "too_many_sessions", "rate_limited", "draining", "request_entity_too_large", "method_not_allowed",
+              "unsupported_codec"}
 EVENTS = {"ready", "turn_started", "first_audio", "word", "turn_done", "error", "fallback"}
 
 scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=40)
@@ -148,7 +149,7 @@ def test_the_offer_endpoint_answers_any_body_with_a_documented_status(server, bo
     if status == 200:
         assert ("sdp" in answer and "pc_id" in answer) or answer == {"status": "success"}
     else:
-        assert status in (400, 404, 409, 413, 503), (status, answer)
+        assert status in (400, 404, 409, 413, 415, 503), (status, answer)  # (README: "HTTP errors")
         assert answer["error"]["code"] in HTTP_CODES, answer
     assert server.worker.metrics.registry.get_sample_value("myna_errors_total", {"code": "internal"}) is None
 

@@ -495,7 +495,9 @@ class RemoteBackend(Backend):
         or no answer; the worker then checks each turn's voice itself)."""
         url = "http" + self.url[len("ws"):].removesuffix("/v1/tts/stream") + "/v1/voices"
         try:
-            async with self._session.get(url, headers=self._credentials.headers(),
+            # Connection: close: behind a load balancer a kept-alive connection stays on this
+            # worker, and a later WebSocket upgrade reusing it could not move off a draining one.
+            async with self._session.get(url, headers={**self._credentials.headers(), "Connection": "close"},
                                          timeout=aiohttp.ClientTimeout(total=CONNECT_TIMEOUT)) as response:
                 if response.status != 200:
                     return None
