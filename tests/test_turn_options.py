@@ -10,7 +10,7 @@ import json
 import pytest
 
 from myna.engines import EngineError
-from myna.messages import BadMessage, Text, parse_message
+from myna.messages import BadMessage, Text, TurnDefaults, parse_message
 from myna.metrics import Metrics
 from myna.session import Session
 
@@ -35,7 +35,7 @@ class VoicedEngine(ToneEngine):
         return ToneStream(self)
 
 
-def session(sent: list, engine=None, **options) -> Session:
+def session(sent: list, engine=None, **defaults) -> Session:
     from myna.audio.unpaced import UnpacedOutput
 
     class Sink:
@@ -46,7 +46,7 @@ def session(sent: list, engine=None, **options) -> Session:
             pass
 
     return Session(engine or VoicedEngine(), lambda s: UnpacedOutput.for_session(s, Sink(), 24_000),
-                   lambda e: sent.append(e.to_dict()), Metrics(), **options)
+                   lambda e: sent.append(e.to_dict()), Metrics(), defaults=TurnDefaults(**defaults))
 
 
 @pytest.mark.parametrize("speed", [0.49, 2.01, "fast", True, []])

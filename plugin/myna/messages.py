@@ -15,6 +15,11 @@ stream, the in-process plug-ins) builds the messages itself.
   the word that was cut;
 - :class:`Config`: the WebSocket's settings, before its first turn.
 
+:class:`TurnDefaults` are a session's defaults for its turns (voice, speed, lexicon,
+normalise): set by the WebSocket's ``config``, the offer's ``request_data``, a LiveKit
+dispatch's metadata or an in-process caller, and parsed from JSON by :func:`parse_turn_defaults`
+with the same rules everywhere.
+
 A bad ``speed`` (not a number from :data:`MIN_SPEED` to :data:`MAX_SPEED`) is ``bad_speed``; a
 ``language`` that is not a language tag is ``bad_language``.
 
@@ -25,7 +30,7 @@ go into the ``error`` event, with the message's ``turn_id`` when it had a valid 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from myna.engines.base import MAX_SPEED, MIN_SPEED, EngineError, check_language, check_speed
 from myna.errors import MynaError
@@ -115,6 +120,35 @@ class Config:
 
 
 Message = Text | EndTurn | Interrupt | Cancel | Commit | Pause | Resume | Config
+
+
+@dataclass(frozen=True)
+class TurnDefaults:
+    """A session's defaults for its turns; a turn's own ``voice`` or ``speed`` wins (:class:`Text`).
+
+    ``voice``: a voice name of the session's engine (None: the engine's default); ``speed``: the
+    voice's own pace × this, :data:`MIN_SPEED` to :data:`MAX_SPEED`; ``lexicon``: the session's
+    pronunciation lexicon (a :class:`myna.text.lexicon.Lexicon`), applied before the process's
+    (None: the process's only); ``normalise``: say numbers, dates, codes in words
+    (:mod:`myna.text.normaliser`), False: as written.
+
+    Raises:
+        EngineError: ``bad_speed`` for a speed out of range.
+    """
+
+    voice: str | None = None
+    speed: float = 1.0
+    lexicon: object = None
+    normalise: bool = True
+
+    def __post_init__(self):
+        object.__setattr__(self, "speed", check_speed(self.speed))
+
+    def updated(self, *, voice: str | None = None, speed: float | None = None, lexicon=None,
+                normalise: bool | None = None) -> "TurnDefaults":
+        """These defaults with the given ones replaced (None: kept)."""
+        changes = {"voice": voice, "speed": speed, "lexicon": lexicon, "normalise": normalise}
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})
 
 
 class BadMessage(MynaError):
@@ -214,18 +248,42 @@ def _config(obj: dict) -> Config:
         raise BadMessage("bad_config", f'"format" must be one of {", ".join(WS_FORMATS)}')
     if fmt in ("pcm_mulaw", "pcm_alaw") and rate not in (None, 8000):
         raise BadMessage("bad_config", f'"{fmt}" is G.711: its "sample_rate" is 8000 Hz')
-    lexicon = None
-    if obj.get("lexicon") is not None:
-        from myna.text.lexicon import Lexicon
+    return Config(engine, voice, rate, fmt, _speed(obj.get("speed")), _lexicon(obj.get("lexicon")),
+                  _normalise(obj.get("normalise")))
 
-        try:
-            lexicon = Lexicon.from_json(obj["lexicon"])
-        except ValueError as exc:
-            raise BadMessage("bad_lexicon", str(exc)) from None
-    normalise = obj.get("normalise")
-    if normalise is not None and not isinstance(normalise, bool):
+
+def parse_turn_defaults(obj: dict, base: TurnDefaults = TurnDefaults()) -> TurnDefaults:
+    """``base`` with the ``voice``, ``speed``, ``lexicon`` and ``normalise`` of a JSON object
+    (an offer's ``request_data``, a LiveKit dispatch's metadata) — the rules of ``config``.
+    The voice is not checked against an engine here (the door does: ``unknown_voice``).
+
+    Raises:
+        BadMessage: ``bad_config`` (a voice that is not a string, a normalise that is not a
+            boolean), ``bad_speed``, ``bad_lexicon``.
+    """
+    voice = obj.get("voice")
+    if not isinstance(voice, (str, type(None))):
+        raise BadMessage("bad_config", '"voice" must be a string')
+    return base.updated(voice=voice, speed=_speed(obj.get("speed")), lexicon=_lexicon(obj.get("lexicon")),
+                        normalise=_normalise(obj.get("normalise")))
+
+
+def _lexicon(value: object):
+    """A message's ``lexicon`` (:meth:`myna.text.lexicon.Lexicon.from_json`), or None."""
+    if value is None:
+        return None
+    from myna.text.lexicon import Lexicon
+
+    try:
+        return Lexicon.from_json(value)
+    except ValueError as exc:
+        raise BadMessage("bad_lexicon", str(exc)) from None
+
+
+def _normalise(value: object) -> bool | None:
+    if value is not None and not isinstance(value, bool):
         raise BadMessage("bad_config", '"normalise" must be true or false')
-    return Config(engine, voice, rate, fmt, _speed(obj.get("speed")), lexicon, normalise)
+    return value
 
 
 def _speed(speed: object, turn_id: str | None = None) -> float | None:

@@ -58,12 +58,12 @@ import numpy as np
 
 from myna.audio.playout import MAX_HOLD_S
 from myna.audio.turns import Gaps, as_mono_float32
-from myna.engines.base import check_speed, language_of, speaks
+from myna.engines.base import language_of, speaks
 from myna.engines import AudioChunk, Engine, EngineError, ErrorEvent, FallbackEvent, SynthesisStream
 from myna.events import Error, Event, Fallback, FirstAudio, Ready, TurnDone
 from myna.limits import Limits, MessageRate
-from myna.messages import (BadMessage, Cancel, Commit, EndTurn, Interrupt, Message, Pause, Resume, Text, parse_message,
-                           quote_input)
+from myna.messages import (BadMessage, Cancel, Commit, EndTurn, Interrupt, Message, Pause, Resume, Text, TurnDefaults,
+                           parse_message, quote_input)
 from myna.metrics import Metrics
 from myna.text.entities import EntityDecoder
 
@@ -156,13 +156,9 @@ class Session:
             :attr:`clock`, :attr:`max_hold_s` and :attr:`engine`.
         send: the door's event sink: every event for the client, in order.
         metrics: the process's metrics.
-        voice: voice name passed to the engine (None: its default); a turn may name another.
-        speed: the session's pace (``speed`` × the voice's own; None: 1.0); a turn may ask for
-            another on its first text (:meth:`myna.engines.SynthesisStream.set_speed`).
-        lexicon: the session's pronunciation lexicon (:class:`myna.text.lexicon.Lexicon`),
-            applied to every turn before the process's (None: the process's only).
-        normalise: say phone numbers, dates, units, codes and numbers in words before the
-            engine reads them (:mod:`myna.text.normaliser`; the default); False: as written.
+        defaults: the session's defaults for its turns (:class:`myna.messages.TurnDefaults`:
+            voice, speed, lexicon, normalise); a turn may name another voice or speed on its first
+            text (:meth:`myna.engines.SynthesisStream.set_speed`).
         limits: the turn limits applied (``max_turn_chars``, ``max_queued_turns``; None: off).
         max_hold_s: the start rule's budget: the longest a turn's ready first audio may be held (s).
         clock: monotonic clock in seconds.
@@ -176,16 +172,12 @@ class Session:
     prepare_timeout_s: float = PREPARE_TIMEOUT_S
 
     def __init__(self, engine: Engine, output: Callable[["Session"], TurnOutput], send: EventSink, metrics: Metrics, *,
-                 voice: str | None = None, speed: float | None = None, lexicon=None, limits: Limits | None = None,
-                 max_hold_s: float = MAX_HOLD_S,
-                 clock: Callable[[], float] = time.monotonic, normalise: bool = True):
+                 defaults: TurnDefaults = TurnDefaults(), limits: Limits | None = None,
+                 max_hold_s: float = MAX_HOLD_S, clock: Callable[[], float] = time.monotonic):
         self.engine = engine
         self.send = send
         self.metrics = metrics
-        self.voice = voice
-        self.speed = 1.0 if speed is None else check_speed(speed)
-        self.lexicon = lexicon
-        self.normalise = bool(normalise)
+        self.defaults = defaults
         self.limits = limits or Limits.off()
         self.max_hold_s = max_hold_s
         self.clock = clock
@@ -333,20 +325,20 @@ class Session:
         previous = self._open_turns.get(sender)
         if previous is not None and previous in self._turns:
             self._end_input(self._turns[previous])
-        voice = voice if voice is not None else self.voice
+        voice = voice if voice is not None else self.defaults.voice
         if language is not None:
             self._check_language(voice, language)
         stream = self.engine.stream(voice, group=self)
-        if self.lexicon is not None:
-            stream.set_lexicon(self.lexicon)
-        speed = speed if speed is not None else self.speed
+        if self.defaults.lexicon is not None:
+            stream.set_lexicon(self.defaults.lexicon)
+        speed = speed if speed is not None else self.defaults.speed
         if speed != 1.0:
             try:
                 stream.set_speed(speed)
             except BaseException:
                 stream.cancel()  # (no turn: the group's next one must not wait for it)
                 raise
-        if not self.normalise:
+        if not self.defaults.normalise:
             stream.set_normalise(False)
         loop = asyncio.get_running_loop()
         turn = _Turn(turn_id, stream, text_at=self.clock(), sender=sender, last_text_at=loop.time(), prepared=prepare)

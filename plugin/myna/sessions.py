@@ -28,6 +28,7 @@ from myna.engines import Engine
 from myna.engines.build import milliseconds
 from myna.errors import HTTPError
 from myna.limits import RETRY_WHEN_FULL_S, Admission, Limits, MessageRate
+from myna.messages import TurnDefaults
 from myna.metrics import Metrics
 from myna.session import EventSink, Session, TurnOutput
 
@@ -64,12 +65,11 @@ class Sessions:
             return self.admission.hold(client)
 
     def open(self, engine: Engine, output: Callable[[Session], TurnOutput], send: EventSink, *,
-             voice: str | None = None, speed: float | None = None, lexicon=None, normalise: bool = True,
-             clock: Callable[[], float] = time.monotonic) -> Session:
-        """A new session with this process's limits (draining already if the process is);
-        ``voice``, ``speed``, ``lexicon`` and ``normalise`` are its turns' defaults (:class:`~myna.session.Session`)."""
-        session = Session(engine, output, send, self.metrics, voice=voice, speed=speed, lexicon=lexicon,
-                          limits=self.limits, max_hold_s=self.max_hold_s, clock=clock, normalise=normalise)
+             defaults: TurnDefaults = TurnDefaults(), clock: Callable[[], float] = time.monotonic) -> Session:
+        """A new session with this process's limits (draining already if the process is) and
+        ``defaults`` for its turns (:class:`~myna.messages.TurnDefaults`)."""
+        session = Session(engine, output, send, self.metrics, defaults=defaults, limits=self.limits,
+                          max_hold_s=self.max_hold_s, clock=clock)
         with self._lock:
             self._open.add(session)
         session.on_close(lambda: self._closed(session))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import subprocess
 import sys
@@ -230,3 +231,33 @@ async def test_myna_worker_finishes_its_speaking_rooms_on_sigterm(livekit_node):
         assert "new dispatches go to other workers" in worker.output()
     finally:
         worker.stop()
+
+
+# -- issue 25: a dispatch's metadata sets the room's turn defaults ------------------------------
+async def test_myna_worker_takes_turn_defaults_from_the_dispatch_metadata(livekit_node):
+    worker = Myna("worker", "--url", livekit_node.url, "--agent-name", "myna-meta")
+    try:
+        await worker.wait_for("registered as agent 'myna-meta'")
+        rooms = {"fast": json.dumps({"speed": 1.5}), "bad": json.dumps({"speed": 5, "voice": "en_US-joe-medium"})}
+        names = {kind: room_name() for kind in rooms}
+        async with api.LiveKitAPI(livekit_node.http_url, DEV_KEY, DEV_SECRET) as lk:
+            for kind, metadata in rooms.items():
+                await lk.agent_dispatch.create_dispatch(api.CreateAgentDispatchRequest(
+                    agent_name="myna-meta", room=names[kind], metadata=metadata))
+        audio_ms = {}
+        for kind in rooms:
+            async with RoomClient(livekit_node.url, token(names[kind], "alice")) as client:
+                result = await client.speak(SENTENCES[1], tokens_per_s=None)
+                assert result.events[-1]["type"] == "turn_done", result.events
+                audio_ms[kind] = result.events[-1]["audio_ms"]
+                errors = [e for e in client.history if e["type"] == "error"]
+                if kind == "bad":  # one error after ready, naming the field; the room speaks on
+                    assert [e["code"] for e in errors] == ["bad_speed"], client.history
+                    assert errors[0]["message"].startswith("dispatch metadata: ") and "0.5 to 2" in errors[0]["message"]
+                    assert [e["type"] for e in client.history[:2]] == ["ready", "error"]
+                else:
+                    assert errors == [], errors
+        # speed 1.5: 30–40 % shorter than the worker's own pace (the bad room's, at 1.0)
+        assert 0.55 < audio_ms["fast"] / audio_ms["bad"] < 0.75, audio_ms
+    finally:
+        assert worker.stop() == 0

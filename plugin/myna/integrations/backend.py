@@ -46,7 +46,7 @@ from myna.errors import MynaError
 from myna.events import Error, Event, Fallback, FirstAudio, TurnDone, TurnStarted, decode_event
 from myna.events import Word as WordEvent
 from myna.limits import Limits
-from myna.messages import Cancel, EndTurn, Text
+from myna.messages import Cancel, EndTurn, Text, TurnDefaults
 from myna.session import Session
 from myna.sessions import Sessions
 from myna.text.scripts import LATIN
@@ -393,7 +393,7 @@ class _LocalSession:
         self.turn: _LocalTurn | None = None
         self.session: Session = backend.sessions.open(
             backend.engine, lambda s: UnpacedOutput.for_session(s, self, backend.sample_rate), self._send,
-            voice=backend.voice)
+            defaults=TurnDefaults(voice=backend.voice))
 
     def begin(self) -> "_LocalTurn":
         self.turn = _LocalTurn(self)

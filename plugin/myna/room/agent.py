@@ -41,6 +41,7 @@ from livekit import rtc
 from myna.audio.playout import SAMPLE_RATE
 from myna.engines import Engine
 from myna.events import Error, Event, TurnDone, Word, encode_event
+from myna.messages import TurnDefaults
 from myna.room.audio import SourceOutput, new_source
 from myna.room.routing import Router
 from myna.session import EventSink, Session
@@ -148,26 +149,27 @@ class RoomAgent:
         engine: the engine turns are spoken with.
         sessions: the process's sessions (limits, metrics, drain).
         engines: engine names for the ``ready`` event.
-        voice: voice name for the engine (None: its default).
+        defaults: the room's session's turn defaults (:class:`myna.messages.TurnDefaults`:
+            voice, speed, lexicon, normalise; e.g. from the dispatch's metadata).
+        notice: an error each participant gets right after ``ready`` (e.g. unusable dispatch
+            metadata: the room speaks with the process's defaults instead).
         speak_for: identities allowed to speak through Myna (None: every participant).
         leave_when_empty: end once no participant other than agents is left, after
             ``departure_timeout`` seconds with no one back.
         attributes: extra participant attributes to publish beside ``myna.ready``.
         departure_timeout: the grace period of ``leave_when_empty`` (s; 0 leaves at once).
-        normalise: the sessions' words are normalised (:mod:`myna.text.normaliser`; default);
-            False: read as written.
     """
 
     def __init__(self, room: rtc.Room, engine: Engine, sessions: Sessions, engines: list[str] | None = None,
-                 voice: str | None = None, speak_for: frozenset[str] | None = None,
+                 defaults: TurnDefaults = TurnDefaults(), speak_for: frozenset[str] | None = None,
                  leave_when_empty: bool = False, attributes: dict[str, str] | None = None,
-                 departure_timeout: float = DEPARTURE_TIMEOUT, normalise: bool = True):
+                 departure_timeout: float = DEPARTURE_TIMEOUT, notice: Error | None = None):
         self.room = room
-        self.normalise = normalise
+        self.defaults = defaults
+        self.notice = notice
         self.engine = engine
         self.sessions = sessions
         self.engines = engines or [engine.name]
-        self.voice = voice
         self.speak_for = speak_for
         self.leave_when_empty = leave_when_empty
         self.attributes = attributes or {}
@@ -195,7 +197,7 @@ class RoomAgent:
         self._outbox = Outbox()
 
         def session(send: EventSink) -> Session:
-            return self.sessions.open(self.engine, self._new_output, send, voice=self.voice, normalise=self.normalise)
+            return self.sessions.open(self.engine, self._new_output, send, defaults=self.defaults)
 
         self.router = Router(session, self._deliver, self.speak_for, message_rate=self.sessions.message_rate)
         self.room.register_text_stream_handler(TOPIC_TEXT, self._on_text_stream)
@@ -405,14 +407,18 @@ class RoomAgent:
             self._deliver(identity, self._ready())
 
     def _deliver(self, identity: str, event: Event) -> None:
-        """One event to ``identity`` on ``myna.events`` (``ready`` first, once); words and
+        """One event to ``identity`` on ``myna.events`` (``ready`` first, once, then
+        :attr:`notice` if any); words and
         turn ends also go to captions."""
         if self._outbox is None or self._closed or self.stepped_aside is not None:
             return
-        if identity not in self._greeted:
+        if identity not in self._greeted:  # ready first, then the notice, then the event
             self._greeted.add(identity)
-            if event.type != "ready":
-                self._deliver(identity, self._ready())
+            self._deliver(identity, self._ready())
+            if self.notice is not None:
+                self._deliver(identity, self.notice)
+            if event.type == "ready":
+                return
         payload = encode_event(event)
         if payload is None:  # a word or turn_id that large is refused on input
             log.error("room: a %s event does not fit in a message; dropped", event.type)

@@ -30,6 +30,7 @@ import time
 from myna.engines.build import EngineOptions, add_engine_arguments, build_engines
 from myna.extras import require
 from myna.limits import measure_capacity
+from myna.messages import TurnDefaults
 from myna.sessions import Sessions, add_session_arguments, limits_from_args
 
 #: Seconds a worker's Myna stays in an emptied room (kept equal to myna.room.agent's, which
@@ -149,7 +150,7 @@ async def _run_room(args: argparse.Namespace) -> int:
     try:
         room = rtc.Room()
         agent = RoomAgent(room, engines[engines.default], sessions, engines=list(engines),
-                          voice=engines.voice_for(engines.default),
+                          defaults=TurnDefaults(voice=engines.voice_for(engines.default)),
                           speak_for=frozenset(args.speak_for) if args.speak_for else None)
         agent.attach()
         try:

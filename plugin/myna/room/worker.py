@@ -25,6 +25,10 @@ the departure timeout (a listener who reloads the page finds Myna still there).
   each room on its own event loop; they share the loaded engines through
   :class:`~myna.room.bridge.BridgedEngine`, and one :class:`~myna.sessions.Sessions` (the same
   limits as ``myna serve``).
+- **Per-room settings.** A dispatch's metadata may be a JSON object with the turn defaults of
+  the offer's ``request_data`` — ``voice``, ``speed``, ``lexicon``, ``normalise``
+  (:func:`dispatch_defaults`); other keys are ignored. Unusable metadata is logged and each
+  participant gets one ``error`` after ``ready``; the room speaks with the process's defaults.
 - **Drain.** :meth:`RoomWorker.drain` (``myna worker`` on SIGTERM): the server is told the
   worker drains (new dispatches go to other workers), sessions refuse new turns and the turns
   speaking finish, up to ``--drain-timeout``; then every room is left. Myna leaves the rooms
@@ -46,6 +50,7 @@ the departure timeout (a listener who reloads the page finds Myna still there).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import os
@@ -55,6 +60,8 @@ from dataclasses import dataclass, field
 from livekit.agents import AgentServer, AutoSubscribe, JobContext, JobExecutorType, JobRequest
 
 from myna.engines.build import Engines
+from myna.events import Error
+from myna.messages import BadMessage, TurnDefaults, parse_turn_defaults, quote_input
 from myna.room.agent import DEPARTURE_TIMEOUT, RoomAgent
 from myna.room.bridge import BridgedEngine
 from myna.sessions import Sessions
@@ -154,10 +161,18 @@ class RoomWorker:
         with self._lock:
             self._started.add(ctx.job.id)
         try:
-            agent = RoomAgent(ctx.room, self._bridged, self.sessions, engines=list(self.engines),
-                              voice=self.engines.voice_for(self.engines.default), speak_for=self.speak_for,
-                              leave_when_empty=True, attributes={WORKER_ATTRIBUTE: ctx.worker_id},
-                              departure_timeout=self.departure_timeout)
+            defaults = TurnDefaults(voice=self.engines.voice_for(self.engines.default))
+            notice = None
+            try:
+                defaults = dispatch_defaults(ctx.job.metadata, defaults, self._bridged.voices)
+            except BadMessage as exc:
+                log.warning("room %r: dispatch metadata: %s", ctx.room.name, exc.message)
+                notice = Error(code=exc.code, message=f"dispatch metadata: {exc.message}; the room speaks with "
+                                                      "the worker's defaults")
+            agent = RoomAgent(ctx.room, self._bridged, self.sessions, engines=list(self.engines), defaults=defaults,
+                              speak_for=self.speak_for, leave_when_empty=True,
+                              attributes={WORKER_ATTRIBUTE: ctx.worker_id},
+                              departure_timeout=self.departure_timeout, notice=notice)
             agent.attach()
             await ctx.connect(auto_subscribe=AutoSubscribe.SUBSCRIBE_NONE)
             await agent.start()
@@ -208,3 +223,29 @@ def agent_server(worker: RoomWorker, url: str, key: str, secret: str, agent_name
     )
     server.rtc_session(worker.entrypoint, agent_name=agent_name, on_request=worker.request)
     return server
+
+
+def dispatch_defaults(metadata: str, base: TurnDefaults, voices) -> TurnDefaults:
+    """The turn defaults a dispatch's metadata asks for, over ``base`` (the module docstring).
+
+    Args:
+        metadata: the job's metadata as the server hands it ("" when the dispatch set none).
+        base: the worker's defaults.
+        voices: the voice names of the worker's engine.
+
+    Raises:
+        BadMessage: ``bad_config`` (not a JSON object, a field of the wrong type),
+            ``unknown_voice``, ``bad_speed``, ``bad_lexicon``.
+    """
+    if not metadata.strip():
+        return base
+    try:
+        obj = json.loads(metadata)
+    except ValueError:
+        obj = None
+    if not isinstance(obj, dict):
+        raise BadMessage("bad_config", "not a JSON object")
+    defaults = parse_turn_defaults(obj, base)
+    if obj.get("voice") is not None and defaults.voice not in voices:
+        raise BadMessage("unknown_voice", f"no voice {quote_input(defaults.voice)}; available: {', '.join(voices)}")
+    return defaults

@@ -149,6 +149,8 @@ class MynaClient:
         token: access token for a worker that has keys (sent as ``Authorization: Bearer``);
             None: ``MYNA_TOKEN``, else one minted from ``MYNA_API_KEY``/``MYNA_API_SECRET``
             (:class:`myna.access.Credentials`), else none.
+        turn_defaults: more of ``request_data``: the session's turn defaults (``speed``,
+            ``lexicon``, ``normalise``; :class:`myna.messages.TurnDefaults`).
         codecs: the audio codecs to offer, as MIME types in order of preference (e.g.
             ``["audio/PCMU"]``, as a SIP gateway would); None: aiortc's (Opus first). The
             recorded frames are at the negotiated codec's rate (8 kHz for G.711).
@@ -159,6 +161,7 @@ class MynaClient:
     voice: str | None = None
     token: str | None = None
     codecs: list[str] | None = None
+    turn_defaults: dict | None = None
     pc: RTCPeerConnection = field(init=False)
     events: asyncio.Queue = field(init=False)
     ready: dict | None = field(init=False, default=None)
@@ -205,7 +208,8 @@ class MynaClient:
             self._recorder = asyncio.ensure_future(self._record(track))
 
         await self.pc.setLocalDescription(await self.pc.createOffer())
-        request_data = {k: v for k, v in (("engine", self.engine), ("voice", self.voice)) if v}
+        request_data = {**(self.turn_defaults or {}),
+                        **{k: v for k, v in (("engine", self.engine), ("voice", self.voice)) if v}}
         body = {"sdp": self.pc.localDescription.sdp, "type": "offer", "request_data": request_data}
         try:
             answer = await self._post_offer(body)

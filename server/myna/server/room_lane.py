@@ -31,6 +31,7 @@ from pathlib import Path
 from aiohttp import web
 
 from myna.extras import require
+from myna.messages import TurnDefaults
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ class RoomLanes:
         engine = self.worker.engines[self.worker.default_engine]
         room = rtc.Room()
         agent = RoomAgent(room, engine, self.worker.sessions, engines=[engine.name],
-                          voice=self.worker.engines.voice_for(engine.name), leave_when_empty=True)
+                          defaults=TurnDefaults(voice=self.worker.engines.voice_for(engine.name)), leave_when_empty=True)
         agent.attach()
         await room.connect(self.url, participant_token(self.key, self.secret, room_name, MYNA_IDENTITY),
                            rtc.RoomOptions(auto_subscribe=False, connect_timeout=10.0))

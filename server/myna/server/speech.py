@@ -60,7 +60,7 @@ from myna.audio.unpaced import UnpacedOutput
 from myna.engines.base import MAX_SPEED, MIN_SPEED
 from myna.errors import HTTPError
 from myna.events import Error, Event, TurnDone
-from myna.messages import EndTurn, Text, quote_input
+from myna.messages import EndTurn, Text, TurnDefaults, quote_input
 from myna.session import Session
 
 log = logging.getLogger(__name__)
@@ -184,8 +184,8 @@ class SpeechTurn:
         self.done = False
         self.errors: list[Error] = []
         self.session: Session = worker.sessions.open(
-            engine, lambda s: UnpacedOutput.for_session(s, self, self._fmt.rate), self._event, voice=voice,
-            normalise=request.normalise)
+            engine, lambda s: UnpacedOutput.for_session(s, self, self._fmt.rate), self._event,
+            defaults=TurnDefaults(voice=voice, normalise=request.normalise))
 
     # -- the session's sinks ------------------------------------------------------------------
     def put_audio(self, turn_id: str, pcm: bytes) -> None:

@@ -42,7 +42,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
@@ -51,7 +51,7 @@ from myna.audio.unpaced import UnpacedOutput
 from myna.engines import Engine
 from myna.errors import MynaError
 from myna.events import MAX_MESSAGE_BYTES, Error, Event, Ready, TurnDone, encode_event
-from myna.messages import BadMessage, Config, parse_message
+from myna.messages import BadMessage, Config, TurnDefaults, parse_message
 from myna.server.auth import Grant
 from myna.session import Session
 
@@ -171,18 +171,16 @@ class StreamConnection:
         self._grant = grant
         self._rate = worker.sessions.message_rate()
         self.engine: Engine = worker.engines[worker.default_engine]
-        self.voice: str | None = worker.engines.voice_for(self.engine.name)
+        #: The session's turn defaults, set by ``config`` (voice, speed, lexicon, normalise).
+        self.defaults = TurnDefaults(voice=worker.engines.voice_for(self.engine.name))
         self.sample_rate = self.engine.sample_rate
         self.format = "pcm_s16le"  # or G.711 (config.format)
-        self.speed: float | None = None  # the session's default pace (config.speed; None: 1.0)
-        self.lexicon = None  # the session's lexicon (config.lexicon; None: the process's only)
-        self.normalise = True  # config.normalise: words said as written when False
         self.outbox = Outbox(ws)
         self.session: Session | None = None  # opened by the first turn message
         self._draining = False
 
     def ready_event(self) -> Ready:
-        return Ready(engines=list(self._worker.engines), engine=self.engine.name, voice=self.voice,
+        return Ready(engines=list(self._worker.engines), engine=self.engine.name, voice=self.defaults.voice,
                      sample_rate=self.sample_rate, scripts=sorted(self.engine.scripts), format=self.format)
 
     async def run(self) -> None:
@@ -232,7 +230,7 @@ class StreamConnection:
             sink = self.outbox if self.format == "pcm_s16le" else EncodingSink(self.outbox, FORMATS[self.format])
             self.session = self._worker.sessions.open(
                 self.engine, lambda s: UnpacedOutput.for_session(s, sink, self.sample_rate),
-                self._send, voice=self.voice, speed=self.speed, lexicon=self.lexicon, normalise=self.normalise)
+                self._send, defaults=self.defaults)
         self.session.handle(message)
 
     def drain(self) -> None:
@@ -263,13 +261,10 @@ class StreamConnection:
         if fmt != "pcm_s16le" and config.sample_rate not in (None, G711_RATE):  # (a rate kept from before)
             self._error("bad_config", f'"{fmt}" is G.711: its "sample_rate" is {G711_RATE} Hz')
             return
-        self.engine, self.voice, self.format = engine, voice, fmt
-        if config.speed is not None:
-            self.speed = config.speed
-        if config.lexicon is not None:
-            self.lexicon = config.lexicon
-        if config.normalise is not None:
-            self.normalise = config.normalise
+        self.engine, self.format = engine, fmt
+        # (the voice is the chosen engine's: its default when config names none)
+        self.defaults = replace(self.defaults, voice=voice).updated(speed=config.speed, lexicon=config.lexicon,
+                                                                    normalise=config.normalise)
         self.sample_rate = config.sample_rate or (engine.sample_rate if fmt == "pcm_s16le" else G711_RATE)
         self.outbox.put_event(self.ready_event())
 

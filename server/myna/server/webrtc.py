@@ -23,7 +23,7 @@ import logging
 import re
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from aiortc import RTCPeerConnection, RTCSessionDescription
 from aiortc.sdp import SessionDescription, candidate_from_sdp
@@ -33,6 +33,7 @@ from myna.engines import Engine
 from myna.errors import HTTPError
 from myna.events import MAX_MESSAGE_BYTES, Error, Event, encode_event
 from myna.limits import MessageRate
+from myna.messages import BadMessage, TurnDefaults, parse_turn_defaults
 from myna.rtc.ice import rtc_configuration
 from myna.rtc.track import PacedAudioTrack
 from myna.session import Session
@@ -77,7 +78,8 @@ class Peers:
         """Answer an SDP offer, creating (or restarting) a peer and its session for ``client``.
 
         Raises:
-            HTTPError: 400 for a malformed body, unknown engine or voice, or unusable SDP; 409
+            HTTPError: 400 for a malformed body, unknown engine or voice, ``bad_speed`` or
+                ``bad_lexicon`` in ``request_data``, or unusable SDP; 409
                 for another client's ``pc_id``; 503 while starting or draining.
             AuthError: 403 when ``grant`` may not use the engine.
             LimitExceeded: 503 ``full``, 429 ``too_many_sessions`` / ``rate_limited``.
@@ -90,13 +92,16 @@ class Peers:
         request_data = body.get("request_data") or body.get("requestData") or {}
         if not isinstance(request_data, dict):
             raise HTTPError(400, "bad_request", '"request_data" must be an object')
-        engine_name, voice = request_data.get("engine"), request_data.get("voice")
-        if not isinstance(engine_name, (str, type(None))) or not isinstance(voice, (str, type(None))):
-            raise HTTPError(400, "bad_request", '"request_data.engine" and "request_data.voice" must be strings')
-        normalise = request_data.get("normalise", True)
-        if not isinstance(normalise, bool):
-            raise HTTPError(400, "bad_request", '"request_data.normalise" must be true or false')
-        engine, voice = worker.choose(engine_name or None, voice, grant)
+        engine_name = request_data.get("engine")
+        if not isinstance(engine_name, (str, type(None))):
+            raise HTTPError(400, "bad_request", '"request_data.engine" must be a string')
+        try:
+            defaults = parse_turn_defaults(request_data)
+        except BadMessage as exc:  # (bad_config: the offer's own code for a malformed body)
+            raise HTTPError(400, "bad_request" if exc.code == "bad_config" else exc.code,
+                            f"request_data: {exc.message}") from None
+        engine, voice = worker.choose(engine_name or None, defaults.voice, grant)
+        defaults = replace(defaults, voice=voice)
         if not worker.ready:
             raise HTTPError(503, "not_ready", "the worker is still loading its engines")
         if "\nm=audio " not in sdp.replace("\r\n", "\n"):
@@ -115,8 +120,8 @@ class Peers:
             release, existing.release = existing.release, _nothing
         else:
             release = worker.admit(client, grant)
-        peer = self._new_peer(existing.pc_id if existing else f"myna-{uuid.uuid4().hex}", engine, voice, client, release,
-                              normalise)
+        peer = self._new_peer(existing.pc_id if existing else f"myna-{uuid.uuid4().hex}", engine, defaults, client,
+                              release)
         try:
             answer = await self._answer(peer, sdp)
         except HTTPError:
@@ -129,8 +134,8 @@ class Peers:
         self.peers[peer.pc_id] = peer
         return answer
 
-    def _new_peer(self, pc_id: str, engine: Engine, voice: str | None, owner: str, release: Callable[[], None],
-                  normalise: bool = True) -> Peer:
+    def _new_peer(self, pc_id: str, engine: Engine, defaults: TurnDefaults, owner: str,
+                  release: Callable[[], None]) -> Peer:
         worker = self.worker
         pc = RTCPeerConnection(rtc_configuration(self.ice_servers))
         peer: Peer
@@ -138,7 +143,7 @@ class Peers:
         def send(event: Event) -> None:
             self._send_event(peer, peer.channel, event)
 
-        session = worker.sessions.open(engine, Playout.for_session, send, voice=voice, normalise=normalise)
+        session = worker.sessions.open(engine, Playout.for_session, send, defaults=defaults)
         track = PacedAudioTrack(session.output, on_error=session.output_failed)
         peer = Peer(pc_id, pc, session, track, owner, release, worker.sessions.message_rate())
         pc.addTrack(track)
