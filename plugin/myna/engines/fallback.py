@@ -228,15 +228,17 @@ class FallbackStream(SynthesisStream):
 
     # -- text in: to the active engine, and tracked -------------------------------------------
     def set_lexicon(self, lexicon) -> None:
-        """The turn's lexicon, here (the words a fallback resumes from) and on the active stream."""
-        super().set_lexicon(lexicon)
-        if self._active is not None:
-            self._active.set_lexicon(lexicon)
+        self._here_and_active("set_lexicon", lexicon)
 
     def set_normalise(self, on: bool) -> None:
-        super().set_normalise(on)  # (a fallback's stream resumes from a copy of this intake)
+        self._here_and_active("set_normalise", on)
+
+    def _here_and_active(self, setting: str, value) -> None:
+        """A turn setting here (a fallback's stream resumes from a copy of this intake) and on
+        the active stream."""
+        getattr(super(), setting)(value)
         if self._active is not None:
-            self._active.set_normalise(on)
+            getattr(self._active, setting)(value)
 
     def push_text(self, chunk: str) -> None:
         self._last_text_at = self._now()
