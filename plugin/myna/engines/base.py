@@ -183,7 +183,8 @@ class SynthesisStream(abc.ABC):
     """One turn of streaming synthesis.
 
     Subclasses implement :meth:`_on_words`, :meth:`_on_end_input` and :meth:`_on_cancel`
-    (and, if they can, :meth:`_on_pause`, :meth:`_on_quiet`, :meth:`_next_deadline`); they
+    (and, if they can, :meth:`_on_pause`, :meth:`_on_quiet`, :meth:`_next_deadline`,
+    :meth:`_on_text`); they
     publish results with :meth:`_emit` and finish with :meth:`_finish`. The base class owns the
     text intake (:class:`myna.text.TextIntake`), so a word split across chunks reaches the
     engine whole, markup never does, and words in a script the voice cannot read become an
@@ -246,6 +247,7 @@ class SynthesisStream(abc.ABC):
             raise RuntimeError("push_text after end_input/cancel")
         self._text_at = self._clock()
         self._take(self._intake.push(chunk))
+        self._on_text()
         self._arm()
 
     def end_input(self) -> None:
@@ -390,6 +392,10 @@ class SynthesisStream(abc.ABC):
 
     def _on_quiet(self) -> None:
         """The text has been quiet for the quiet time: decide what waited for more (optional)."""
+
+    def _on_text(self) -> None:
+        """A chunk has been taken in (its complete words handed on); what the intake still
+        holds may be guessed at (:meth:`myna.text.TextIntake.guess`; optional)."""
 
     def _next_deadline(self) -> float | None:
         """When to call :meth:`_on_deadline` next (the turn's clock, s), or None (optional)."""

@@ -181,6 +181,8 @@ class PiperEngine(Engine):
         self._running = 0
         self._busy_since = 0.0
         self._stats = {"busy_s": 0.0, "compute_s": 0.0, "audio_s": 0.0, "units": 0}
+        #: First phrases synthesised on a guess (PiperStream._on_text): used as guessed, or dropped.
+        self.guesses = {"used": 0, "dropped": 0}
 
     def variant(self, name: str, strategy: str) -> "PiperVariant":
         """A light engine called ``name`` that streams by ``strategy`` (a key of
@@ -434,6 +436,11 @@ class _Unit:
         return " ".join(self.spoken)
 
     @property
+    def written(self) -> list[str]:
+        """The written words, marks removed."""
+        return [said.text_of(w) for w in self.words]
+
+    @property
     def ends_phrase(self) -> bool:
         """Whether the unit ends at punctuation (else it was cut mid-phrase: join it tightly)."""
         return ends_clause(self.words[-1])
@@ -554,6 +561,7 @@ class PiperStream(SynthesisStream):
         self._out_s = 0.0  # audio emitted so far (s)
         self._chunk = FIRST_CHUNK_FRAMES  # frames of the next chunk
         self._after, self._done = engine.order.join(group)  # the group's previous turn first
+        self._guess: tuple[str, asyncio.Task] | None = None  # (first phrase's text, its latent job)
         self._task = self._loop.create_task(self._run())
 
     def set_speed(self, speed: float) -> None:
@@ -582,6 +590,52 @@ class PiperStream(SynthesisStream):
     def _next_deadline(self) -> float | None:
         return self._chunker.deadline
 
+    def _on_text(self) -> None:
+        """Start the first phrase's latent on a guess (issue 22.3). A chunk that ends in a
+        word leaves it open (the next chunk may go on: "book" + "ed"), and the early first
+        phrase waits for its last word; meanwhile the guess that the word is complete is
+        synthesised, and used if the phrase comes out as guessed (:meth:`_guessed`), else dropped."""
+        chunker = self._chunker
+        if (not isinstance(chunker, ClauseChunker) or not chunker.near_first_cut or not self._intake.pending
+                or (self._after is not None and not self._after.done())):
+            return
+        held = self._intake.guess()
+        if len(held) != 1 or not isinstance(held[0], str):
+            return
+        units = chunker.would_cut(held[0], self._now())
+        if len(units) != 1:
+            return
+        text = self._unit_of(units[0]).text
+        if self._guess is not None:
+            if self._guess[0] == text:
+                return
+            self._drop_guess()  # the word went on ("boo" + "ked"): guess again
+        cache = self._engine.phrase_cache
+        if cache is not None and cache.get(self._engine.name, self._cache_key(), text) is not None:
+            return
+        job = self._engine.scheduler.run(self._engine.encode_unit, text, self.speed, self.voice,
+                                         deadline=self._deadline(), owner=self)
+        task = self._loop.create_task(job)
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # (retrieved: a dropped guess may fail)
+        self._guess = (text, task)
+
+    async def _guessed(self, unit: "_Unit"):
+        """The latent of the guess :meth:`_on_text` made, when ``unit`` is what it guessed
+        (else None, and the guess is dropped)."""
+        if self._guess is None:
+            return None
+        if self._guess[0] != unit.text:
+            self._drop_guess()
+            return None
+        task, self._guess = self._guess[1], None
+        self._engine.guesses["used"] += 1
+        try:
+            return await task
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # (synthesised again, with its retry)
+            return None
+
     def _on_deadline(self, now: float) -> None:
         self._add_units(self._chunker.poll(now))
 
@@ -589,23 +643,35 @@ class PiperStream(SynthesisStream):
         self._add_units(self._chunker.flush())
         self._units.put_nowait(None)
 
+    def _drop_guess(self) -> None:
+        self._guess[1].cancel()
+        self._guess = None
+        self._engine.guesses["dropped"] += 1
+
     def _add_units(self, units: list[str | Pause]) -> None:
         for unit in units:
             if isinstance(unit, str):
-                words = unit.split()
-                written = [said.text_of(w) for w in words]
-                # The front end marked what is said otherwise (myna.text.normaliser); the voice
-                # is not given a full stop that ends no sentence ("Mr. Smith", "Jr. was").
-                spoken = [drop_stop(form) if inner else form
-                          for form, inner in zip((_letters(given) if given is not None else word
-                                                  for word, (_, given) in zip(words, map(said.split, words))),
-                                                 inner_stops(written, self._said))]
-                unit = _Unit(words, spoken)
-                self._said = written
+                unit = self._unit_of(unit)
+                self._said = unit.written
             self._units.put_nowait(unit)
 
+    def _unit_of(self, text: str) -> "_Unit":
+        """A chunker's unit as the voice reads it, after the words said before it."""
+        words = text.split()
+        written = [said.text_of(w) for w in words]
+        # The front end marked what is said otherwise (myna.text.normaliser); the voice
+        # is not given a full stop that ends no sentence ("Mr. Smith", "Jr. was").
+        spoken = [drop_stop(form) if inner else form
+                  for form, inner in zip((_letters(given) if given is not None else word
+                                          for word, (_, given) in zip(words, map(said.split, words))),
+                                         inner_stops(written, self._said))]
+        return _Unit(words, spoken)
+
+    def _cache_key(self) -> str:
+        return self.voice if self.speed == 1.0 else f"{self.voice}@{self.speed:g}"  # (cached by voice and pace)
+
     def _on_cancel(self) -> None:
-        self._engine.scheduler.drop(self)  # queued jobs go at once (barge-in)
+        self._engine.scheduler.drop(self)  # queued jobs go at once (barge-in), the guess too
         self._task.cancel()
         self._release()  # (a task cancelled before it ran never reaches its finally)
 
@@ -643,6 +709,8 @@ class PiperStream(SynthesisStream):
             log.exception("piper synthesis failed")
             self._fail(EngineError("engine_failed", f"piper synthesis failed: {exc}"))
         finally:
+            if self._guess is not None:  # (a turn that never reached a first phrase)
+                self._guess[1].cancel()
             self._release()
             self._finish()
 
@@ -651,14 +719,15 @@ class PiperStream(SynthesisStream):
         the unit; None when the unit was left out."""
         engine, rate = self._engine, self._engine.sample_rate
         cache = engine.phrase_cache
-        key = self.voice if self.speed == 1.0 else f"{self.voice}@{self.speed:g}"  # (cached by voice and pace)
-        hit = cache.get(engine.name, key, unit.text) if cache is not None else None
+        key = self._cache_key()
+        guessed = await self._guessed(unit)
+        hit = cache.get(engine.name, key, unit.text) if cache is not None and guessed is None else None
         if hit is not None:
             pcm, starts = hit
             out = _UnitOut(unit, unit.word_starts(starts), rate, lead_ms, turn_ms)
             await self._out(out.chunk(pcm) + out.end(), held)
             return out
-        latent = await self._job(unit, held, engine.encode_unit, unit.text, self.speed, self.voice)
+        latent = guessed or await self._job(unit, held, engine.encode_unit, unit.text, self.speed, self.voice)
         if latent is None:
             return None
         out = _UnitOut(unit, unit.word_starts(latent.starts_ms), rate, lead_ms, turn_ms)

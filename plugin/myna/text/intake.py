@@ -28,6 +28,7 @@ words, never ``"you.Your"``.
 
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import dataclass
 
@@ -115,6 +116,11 @@ class TextIntake:
         if _COMPLETE_NOW.search(self._words.partial.rstrip(CLOSERS)) and not _URL_LIKE.search(self._words.partial):
             out += self._accept(self._words.flush())
         return out
+
+    def guess(self) -> list[IntakeItem]:
+        """What :meth:`settle` would return now, the intake left as it is: a guess that the text
+        held is complete (the next chunk may still continue it)."""
+        return copy.deepcopy(self, {id(self.lexicon): self.lexicon}).settle()
 
     def settle(self) -> list[IntakeItem]:
         """The text has been quiet: what is held (except an unfinished tag) is complete."""

@@ -13,6 +13,8 @@ and :meth:`ClauseChunker.settle` once its text has gone quiet.
 
 from __future__ import annotations
 
+import copy
+
 from myna.text import said
 from myna.text.markup import Pause
 from myna.text.symbols import append_word, ends_clause, has_speech
@@ -262,6 +264,17 @@ class ClauseChunker(_Chunker):
         if self.first_words is not None and len(self._words) >= self.first_words:
             return self._first_at
         return None if self.first_wait_s is None else self._first_at + self.first_wait_s
+
+    @property
+    def near_first_cut(self) -> bool:
+        """Whether one more word would end the first phrase early (``first_words``)."""
+        return self._first and self.first_words is not None and len(self._words) + 1 >= self.first_words
+
+    def would_cut(self, word: str, now: float) -> list[str]:
+        """The units :meth:`push` and :meth:`poll` would return for ``word`` at ``now``; the
+        chunker is left as it is (a guess: :class:`myna.engines.piper.PiperStream`)."""
+        trial = copy.deepcopy(self)
+        return trial.push(word, now) + trial.poll(now)
 
     def _ends_unit(self, word: str) -> End:
         if not ends_clause(word):
