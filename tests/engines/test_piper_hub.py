@@ -170,6 +170,16 @@ def test_a_voice_name_without_the_hub_extra_names_the_extra(tmp_path, uninstalle
     assert "Traceback" not in proc.stderr
 
 
+def test_a_voice_in_the_cache_loads_without_the_hub_extra(tmp_path, uninstalled, voice_files):
+    for path, data in voice_files.items():  # (as an earlier run left them)
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_bytes(data)
+    code = f"from myna.engines.piper_hub import resolve; print(resolve({NAME!r}, {str(tmp_path)!r}))"
+    proc = subprocess.run([sys.executable, "-c", code], env={**os.environ, **uninstalled("huggingface_hub")},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == str(tmp_path / PATH), proc.stderr
+
+
 @pytest.mark.network
 def test_serve_fetches_a_voice_named_through_hf_endpoint_and_lists_it(tmp_path, hub, start_worker):
     worker = start_worker("--engine", "piper", "--phrase-cache-mb", "0", "--piper-voice", NAME,
