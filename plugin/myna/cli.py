@@ -413,6 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     _configure_logging(args.log_level, args.log_format)
     if args.log_level != "debug":
         logging.getLogger("aioice").setLevel(logging.WARNING)  # one INFO line per ICE check
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request (fetching a Piper voice)
     try:
         return args.func(args) or 0
     except EngineOptionsError as exc:

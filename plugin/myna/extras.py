@@ -17,7 +17,7 @@ EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
     "pipecat": ("the Pipecat plug-in", ("pipecat", "loguru")),
     "livekit": ("Myna in LiveKit rooms (and the LiveKit Agents plug-in)", ("livekit.agents", "livekit.rtc")),
     "bench": ("myna bench soak (and bench ttfa --plot)", ("psutil", "matplotlib")),
-    "hub": ("Hugging Face downloads", ("huggingface_hub",)),
+    "hub": ("fetching from Hugging Face (Piper voices by name, DSM checkpoints by repo id)", ("huggingface_hub",)),
 }
 
 

@@ -6,6 +6,8 @@ gets the same composition:
 
 - ``--engine a,b,...``: engines to load (:data:`~myna.engines.ENGINE_NAMES`), the first the
   default; the ``piper*`` strategies share one loaded voice and its threads;
+- ``--piper-voice FILE.onnx|NAME``: more Piper voices, files or Piper voice names fetched once
+  into ``--voice-cache`` (:mod:`myna.engines.piper_hub`);
 - ``--voice``: a DSM voice file (``.safetensors``), the DSM engine's default voice; or a voice
   name of the default engine, used by every session that does not choose one;
 - ``--dsm-checkpoint``, ``--n-q``, ``--guidance``: the DSM engine's checkpoint and settings;
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,8 +61,10 @@ class EngineOptions:
         fallback_stall_ms: silence mid-turn, while words wait, before the switch (ms).
         phrase_cache_mb: the phrase cache's bound (MB; 0: off).
         phrase_cache_warm: its warm-up list (None: the package's; "none": no warm-up).
-        piper_voice: more Piper voice files (``.onnx``, with their ``.onnx.json``) loaded beside
-            the bundled one.
+        piper_voice: more Piper voices loaded beside the bundled one: files (``.onnx``, with
+            their ``.onnx.json``) or Piper voice names (:func:`myna.engines.piper_hub.resolve`).
+        voice_cache: the folder Piper voices given by name are fetched into (None:
+            :func:`myna.engines.piper_hub.default_cache`).
         lexicon: a pronunciation lexicon file (:mod:`myna.text.lexicon`), made the process's.
         piper_seed: seeds the Piper voices' noise (None: fresh every start).
     """
@@ -76,6 +81,7 @@ class EngineOptions:
     phrase_cache_warm: str | None = None
     workers: int | None = None
     piper_voice: list[str] | None = None
+    voice_cache: str | None = None
     lexicon: str | None = None
     piper_seed: int | None = None
 
@@ -104,20 +110,35 @@ class EngineOptions:
 
 
 def _piper(options: EngineOptions):
-    """The shared Piper engine with the voices ``options`` name.
+    """The shared Piper engine with the voices ``options`` name (those given by name fetched first).
 
     Raises:
-        EngineOptionsError: a ``--piper-voice`` file or its config is missing or unreadable.
+        EngineOptionsError: a ``--piper-voice`` file or its config is missing or unreadable; a
+            voice name is malformed, not on the hub or cannot be fetched.
+        MissingExtra: a voice name must be fetched and the ``hub`` extra is not installed.
     """
     from myna.engines.piper import PiperEngine
 
-    for path in options.piper_voice or ():
-        if not path.endswith(".onnx") or not Path(path).is_file() or not Path(f"{path}.json").is_file():
-            raise EngineOptionsError(f"--piper-voice {path}: needs an existing FILE.onnx with FILE.onnx.json beside it")
+    files = [_piper_voice_file(voice, options.voice_cache) for voice in options.piper_voice or ()]
     try:
-        return PiperEngine(workers=options.workers, more_voices=options.piper_voice or (), seed=options.piper_seed)
+        return PiperEngine(workers=options.workers, more_voices=files, seed=options.piper_seed)
     except ValueError as exc:
         raise EngineOptionsError(f"--piper-voice: {exc}") from None
+
+
+def _piper_voice_file(voice: str, cache: str | None) -> str:
+    """A ``--piper-voice``'s ``.onnx``: the file given (a name ending in ``.onnx`` or with a
+    folder in it), else a Piper voice name's file in ``cache``, fetched there if missing."""
+    if voice.endswith(".onnx") or "/" in voice or os.sep in voice:
+        if not voice.endswith(".onnx") or not Path(voice).is_file() or not Path(f"{voice}.json").is_file():
+            raise EngineOptionsError(f"--piper-voice {voice}: needs an existing FILE.onnx with FILE.onnx.json beside it")
+        return voice
+    from myna.engines.piper_hub import HubVoiceError, resolve
+
+    try:
+        return str(resolve(voice, cache))
+    except HubVoiceError as exc:
+        raise EngineOptionsError(f"--piper-voice {exc}") from None
 
 
 def _is_voice_file(voice: str) -> bool:
@@ -142,9 +163,17 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, engines: str | None
     g.add_argument("--voice", default=None, metavar="NAME_OR_FILE",
                    help="a DSM voice file (.safetensors, speaker_wavs), or a voice name of the default engine for "
                         "sessions that do not choose one (default: the engines' own)")
-    g.add_argument("--piper-voice", action="append", default=None, metavar="FILE.onnx",
-                   help="another Piper voice loaded beside the bundled one (its FILE.onnx.json beside it; repeatable); "
-                        "named by the file's stem, a turn or a session chooses it by that name")
+    g.add_argument("--piper-voice", action="append", default=None, metavar="FILE.onnx|NAME",
+                   help="another Piper voice loaded beside the bundled one (repeatable): a file (its FILE.onnx.json "
+                        "beside it), named by its stem; or a Piper voice name such as en_GB-alan-medium, fetched once "
+                        "from the Hugging Face repo rhasspy/piper-voices (the 'hub' extra; HF_ENDPOINT names another "
+                        "hub) into --voice-cache, later loaded from there without a network; a turn or a session "
+                        "chooses it by that name")
+    g.add_argument("--voice-cache", default=None, metavar="DIR",
+                   help="where --piper-voice NAME fetches voices to: plain files in the repo's layout, each .onnx "
+                        "beside its .onnx.json, that --piper-voice FILE.onnx also takes, where Hugging Face's own "
+                        "cache keeps symlinks in a folder per commit (default: $XDG_CACHE_HOME/myna/voices, "
+                        "~/.cache/myna/voices)")
     g.add_argument("--piper-seed", type=int, default=None, metavar="N",
                    help="seed the Piper voices' noise, so a process renders the same texts in the same order the "
                         "same way (tests, A/B listening; default: a fresh draw every start)")
