@@ -98,3 +98,40 @@ async def test_on_the_engines_own_loop_the_engine_stream_is_used_directly():
     engine = LoopBound()
     stream = BridgedEngine(engine, asyncio.get_running_loop()).stream()
     assert stream is engine.streams[0]
+
+
+def test_the_bridged_stream_takes_every_turn_setting_a_stream_takes():
+    from myna.room.bridge import BridgedStream
+
+    settings = {name for name in dir(SynthesisStream) if name.startswith("set_")}
+    assert settings >= {"set_speed", "set_lexicon", "set_normalise"}
+    assert all(callable(getattr(BridgedStream, name, None)) for name in settings), settings
+
+
+async def test_turn_settings_reach_the_engine_stream_on_its_loop(home):
+    from myna.text.lexicon import Lexicon
+
+    engine = LoopBound()
+    stream = BridgedEngine(engine, home).stream()
+    with pytest.raises(EngineError) as bad:
+        stream.set_speed(5.0)  # (refused here, at once)
+    assert bad.value.code == "bad_speed"
+    lexicon = Lexicon({"hello": "hi there"})
+    stream.set_lexicon(lexicon)
+    stream.set_normalise(False)
+    stream.push_text("hello 42")
+    stream.end_input()
+    items = [item async for item in stream]
+    # (LoopBound speaks the words it is given: the respelling, and 42 as written)
+    assert [i.word for i in items if isinstance(i, WordEvent)] == ["hi", "there", "42"]
+
+
+async def test_a_speed_the_engine_cannot_give_ends_the_turn_with_its_error(home):
+    stream = BridgedEngine(LoopBound(), home).stream()
+    stream.set_speed(1.5)  # (LoopBound speaks at its own pace: SynthesisStream's refusal)
+    stream.push_text("hello")
+    stream.end_input()
+    with pytest.raises(EngineError) as err:
+        async for _ in stream:
+            pass
+    assert err.value.code == "unsupported_speed"

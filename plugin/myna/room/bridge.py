@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from myna.engines import Engine, StreamItem, SynthesisStream
-from myna.engines.base import EngineWrapper
+from myna.engines.base import EngineWrapper, check_speed
 
 _END = object()
 
@@ -63,7 +63,10 @@ class BridgedStream:
         """Call the engine stream's ``method`` on its loop (after ``_open``: calls run in order)."""
         def run() -> None:
             if self._inner is not None:
-                getattr(self._inner, method)(*args)
+                try:
+                    getattr(self._inner, method)(*args)
+                except Exception as exc:  # (e.g. unsupported_speed: the turn ends with it)
+                    self._post(exc)
 
         self._home.call_soon_threadsafe(run)
 
@@ -71,6 +74,19 @@ class BridgedStream:
     def set_normalise(self, on: bool) -> None:
         """Normalise the turn's words or not (:meth:`myna.engines.SynthesisStream.set_normalise`)."""
         self._call("set_normalise", on)
+
+    def set_lexicon(self, lexicon) -> None:
+        """The turn's own lexicon (:meth:`myna.engines.SynthesisStream.set_lexicon`)."""
+        self._call("set_lexicon", lexicon)
+
+    def set_speed(self, speed: float) -> None:
+        """The turn's pace (:meth:`myna.engines.SynthesisStream.set_speed`).
+
+        Raises:
+            EngineError: ``bad_speed`` here; an engine that speaks at its own pace ends the
+                turn with ``unsupported_speed`` from its loop.
+        """
+        self._call("set_speed", check_speed(speed))
 
     def push_text(self, chunk: str) -> None:
         """Add a chunk of the turn's text (any split)."""
