@@ -30,6 +30,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,16 +57,63 @@ PACE_STEPS = 3
 _PEAK_FLOOR = 1e-3
 
 
-def _seed_noise(model, seed: int) -> None:
-    """Give each random node of ``model`` its own seed (onnxruntime seeds the node's generator
-    once per session from it; each run draws on from there)."""
-    import onnx
+#: Noise drawn per phoneme id for each of a seeded graph's noise inputs (:func:`_noise_inputs`):
+#: enough for a latent of 192 channels at 10 frames per phoneme id (the voice makes 2–6;
+#: half speed doubles it). A latent that needs more reuses the draw from its start.
+NOISE_PER_ID = 2048
 
-    randoms = [n for n in model.graph.node if n.op_type.startswith("Random")]
-    for i, node in enumerate(randoms):
-        kept = [a for a in node.attribute if a.name != "seed"]
-        del node.attribute[:]
-        node.attribute.extend([*kept, onnx.helper.make_attribute("seed", float(seed + i))])
+
+def _noise_inputs(model) -> list[str]:
+    """Replace each random node of ``model`` (``RandomNormalLike``) by a graph input of noise:
+    the node's output is the input's first values, reshaped like the node's input (the input
+    repeated if short), times the node's scale, plus its mean. Returns the new inputs' names.
+
+    onnxruntime seeds a random node's generator once per session and draws on from there, so
+    what a seeded voice says would depend on everything it said before it (and on guesses
+    dropped: :class:`myna.engines.piper.PiperStream`); with noise fed per unit
+    (:meth:`SplitVoice._noise`), a text's take depends only on the text and the seed.
+
+    Raises:
+        ValueError: a random node that is not ``RandomNormalLike`` (``RandomUniform``…).
+    """
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph, names, nodes = model.graph, [], []
+    graph.initializer.extend([numpy_helper.from_array(np.array([0], np.int64), "/noise/zero"),
+                              numpy_helper.from_array(np.array([1], np.int64), "/noise/one")])
+    for node in graph.node:
+        if not node.op_type.startswith("Random"):
+            nodes.append(node)
+            continue
+        if node.op_type != "RandomNormalLike":
+            raise ValueError(f"random node {node.name} is {node.op_type}: only RandomNormalLike is fed")
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        k = len(names)
+        pool, p = f"noise_{k}", f"/noise_{k}/"
+        names.append(pool)
+        graph.input.append(helper.make_tensor_value_info(pool, TensorProto.FLOAT, [f"noise_{k}_length"]))
+        x, y = node.input[0], node.output[0]
+        scaled = attrs.get("scale", 1.0) != 1.0 or attrs.get("mean", 0.0) != 0.0
+        nodes += [
+            helper.make_node("Shape", [x], [p + "shape"]),
+            helper.make_node("ReduceProd", [p + "shape"], [p + "n"], keepdims=1),
+            helper.make_node("Shape", [pool], [p + "length"]),
+            helper.make_node("Div", [p + "n", p + "length"], [p + "whole"]),
+            helper.make_node("Add", [p + "whole", "/noise/one"], [p + "repeats"]),
+            helper.make_node("Tile", [pool, p + "repeats"], [p + "tiled"]),
+            helper.make_node("Slice", [p + "tiled", "/noise/zero", p + "n"], [p + "flat"]),
+            helper.make_node("Reshape", [p + "flat", p + "shape"], [p + "normal" if scaled else y]),
+        ]
+        if scaled:
+            graph.initializer.extend([
+                numpy_helper.from_array(np.array(attrs.get("scale", 1.0), np.float32), p + "scale"),
+                numpy_helper.from_array(np.array(attrs.get("mean", 0.0), np.float32), p + "mean")])
+            nodes += [helper.make_node("Mul", [p + "normal", p + "scale"], [p + "scaled"]),
+                      helper.make_node("Add", [p + "scaled", p + "mean"], [y])]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return names
 
 
 @dataclass
@@ -97,9 +145,10 @@ class SplitVoice:
         config_path: its ``.onnx.json``.
         threads: onnxruntime intra-op threads per stage (1: leave the other cores to the pacer
             and to other jobs).
-        seed: seeds the graph's noise generators (its ``RandomNormalLike`` nodes): the voice then
-            renders the same sequence of texts the same way in every process (tests, A/B
-            listening). None: a fresh draw every start, as Piper does.
+        seed: the voice's noise is drawn from this seed and each sentence's phoneme ids
+            (:func:`_noise_inputs`): a text then renders the same way whatever was said
+            before it and in every process (tests, A/B listening). None: onnxruntime's own
+            draw, fresh on every run, as Piper does.
 
     Attributes:
         sample_rate: Hz.
@@ -117,8 +166,9 @@ class SplitVoice:
         from piper.voice import PiperVoice
 
         model = onnx.load(str(model_path))
-        if seed is not None:
-            _seed_noise(model, seed)
+        self.seed = seed
+        self._noise_names = _noise_inputs(model) if seed is not None else []
+        self._noise_of: tuple[tuple, list[np.ndarray]] | None = None  # the last sentence's noise
         self._durations = add_alignment_output(model)  # frames per phoneme id (the Ceil of the durations)
         with open(config_path, encoding="utf-8") as f:
             self.config = PiperConfig.from_dict(json.load(f))
@@ -260,7 +310,21 @@ class SplitVoice:
                 "scales": np.array(scales, np.float32)}
         if "sid" in self._inputs:
             feed["sid"] = np.array([self.sid], np.int64)  # a multi-speaker model: this view's speaker
+        if self._noise_names:
+            feed.update(zip(self._noise_names, self._noise(ids)))
         return feed
+
+    def _noise(self, ids: list[int]) -> list[np.ndarray]:
+        """A seeded voice's noise for a sentence: float32 ``[NOISE_PER_ID × len(ids)]`` per noise
+        input, drawn from the seed, the speaker and the ids (kept for the pace's encoder runs)."""
+        key, kept = (self.sid, *ids), self._noise_of  # (one read: synthesis threads share the voice)
+        if kept is not None and kept[0] == key:
+            return kept[1]
+        digest = zlib.crc32(np.asarray(ids, np.int64).tobytes())
+        rng = np.random.default_rng([self.seed, self.sid, digest, len(ids)])
+        noise = [rng.standard_normal(NOISE_PER_ID * max(1, len(ids)), dtype=np.float32) for _ in self._noise_names]
+        self._noise_of = key, noise
+        return noise
 
     def speaker(self, sid: int) -> "SplitVoice":
         """This multi-speaker model as speaker ``sid`` (its own gain; the model's sessions are
