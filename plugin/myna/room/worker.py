@@ -199,6 +199,21 @@ class RoomWorker:
         return finished
 
 
+def _start_rtc_runtime() -> None:
+    """Start livekit's native runtime (``FfiClient.instance``) here, before any job thread.
+
+    Its first use otherwise happens in the first rooms' ``connect``, on their job threads at
+    once, and the singleton is not created under a lock: two threads could each make one, a
+    room subscribed to the one that lost never got its connect callback, and 15 s later the
+    runtime signals the process, which drains the whole worker (3 of 9 runs of two rooms
+    dispatched together, livekit 1.1.21). livekit-agents preloads the library but leaves the
+    runtime to the first job, since in its process mode the runtime must start after fork;
+    here jobs are threads of this process."""
+    from livekit.rtc._ffi_client import FfiClient
+
+    FfiClient.instance  # noqa: B018 (the property creates it)
+
+
 def agent_server(worker: RoomWorker, url: str, key: str, secret: str, agent_name: str = DEFAULT_AGENT_NAME,
                  http_port: int = 0, max_retry: int = 16, drain_timeout: float = 30.0) -> AgentServer:
     """livekit-agents' ``AgentServer`` for ``worker``, registering as ``agent_name``.
@@ -210,6 +225,7 @@ def agent_server(worker: RoomWorker, url: str, key: str, secret: str, agent_name
     ``drain_timeout`` (s) so that they never cut Myna's drain short (module docstring, "Drain").
     """
     os.environ.setdefault(LOOP_MONITOR_ENV, "0")  # read by each job thread as it starts
+    _start_rtc_runtime()
     server = AgentServer(
         ws_url=url, api_key=key, api_secret=secret,
         job_executor_type=JobExecutorType.THREAD,
