@@ -213,7 +213,7 @@ async def test_myna_room_finishes_its_speaking_turn_on_sigterm(livekit_node):
             events = await spoken_through_a_drain(myna, client)
         done = events[-1]
         assert done["type"] == "turn_done" and not done.get("interrupted") and done["audio_ms"] > 8000
-        assert await myna.exit_code(timeout=60) == 0
+        assert await myna.exit_code(timeout=60) == 0, myna.output()[-3000:]
     finally:
         myna.stop()
 
@@ -227,7 +227,7 @@ async def test_myna_worker_finishes_its_speaking_rooms_on_sigterm(livekit_node):
             events = await spoken_through_a_drain(worker, client)
         done = events[-1]
         assert done["type"] == "turn_done" and not done.get("interrupted") and done["audio_ms"] > 8000
-        assert await worker.exit_code(timeout=60) == 0
+        assert await worker.exit_code(timeout=60) == 0, worker.output()[-3000:]
         assert "new dispatches go to other workers" in worker.output()
     finally:
         worker.stop()

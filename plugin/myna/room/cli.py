@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import signal
 import sys
 import time
+from typing import NoReturn
 
 from myna.engines.build import EngineOptions, add_engine_arguments, build_engines
 from myna.extras import require
@@ -96,6 +98,18 @@ async def _start_engines(args: argparse.Namespace):
     return engines
 
 
+def _exit(code: int) -> NoReturn:
+    """End the process with ``code`` once Myna has left its rooms, without finalising the
+    interpreter (streams and logs flushed first). The LiveKit FFI's native threads call into
+    Python (log records, events) until the process ends; the interpreter ends a thread that
+    takes the GIL while it finalises with pthread_exit, which cannot unwind through the Rust
+    thread's frames, and the process aborts (SIGABRT: exit −6 after a clean drain)."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def _sessions(args: argparse.Namespace) -> Sessions:
     sessions = Sessions(limits=limits_from_args(args), max_hold_s=args.max_hold_ms / 1000.0)
     sessions.metrics.set_limits(sessions.limits)
@@ -129,9 +143,9 @@ async def _drain(sessions: Sessions, timeout: float, then) -> None:
 
 
 # -- room ---------------------------------------------------------------------------------
-def _room(args: argparse.Namespace) -> int:
+def _room(args: argparse.Namespace) -> NoReturn:
     require("livekit")
-    return asyncio.run(_run_room(args))
+    _exit(asyncio.run(_run_room(args)))
 
 
 async def _run_room(args: argparse.Namespace) -> int:
@@ -177,9 +191,9 @@ async def _run_room(args: argparse.Namespace) -> int:
 
 
 # -- worker -------------------------------------------------------------------------------
-def _worker(args: argparse.Namespace) -> int:
+def _worker(args: argparse.Namespace) -> NoReturn:
     require("livekit")
-    return asyncio.run(_run_worker(args))
+    _exit(asyncio.run(_run_worker(args)))
 
 
 async def _run_worker(args: argparse.Namespace) -> int:
