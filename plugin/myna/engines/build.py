@@ -66,7 +66,7 @@ class EngineOptions:
         voice_cache: the folder Piper voices given by name are fetched into (None:
             :func:`myna.engines.piper_hub.default_cache`).
         lexicon: a pronunciation lexicon file (:mod:`myna.text.lexicon`), made the process's.
-        piper_seed: seeds the Piper voices' noise (None: fresh every start).
+        piper_seed: seeds the Piper voices' noise, per sentence (None: a fresh draw on every run).
     """
 
     engines: str = "piper"
@@ -178,8 +178,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, engines: str | None
                         "cache keeps symlinks in a folder per commit (default: $XDG_CACHE_HOME/myna/voices, "
                         "~/.cache/myna/voices)")
     g.add_argument("--piper-seed", type=int, default=None, metavar="N",
-                   help="seed the Piper voices' noise, so a process renders the same texts in the same order the "
-                        "same way (tests, A/B listening; default: a fresh draw every start)")
+                   help="seed the Piper voices' noise, so a text renders the same way whatever was said before it, in "
+                        "every process (tests, A/B listening; default: a fresh draw on every run, as Piper does)")
     g.add_argument("--lexicon", metavar="FILE",
                    help="pronunciation lexicon: one 'word = respelling' a line (any case; '#' comments), applied to "
                         "every turn on every engine; captions keep the written word")
