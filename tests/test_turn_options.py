@@ -137,3 +137,16 @@ def test_config_normalise_is_true_or_false(value, ok):
         with pytest.raises(BadMessage) as caught:
             parse_message(raw, config=True)
         assert caught.value.code == "bad_config" and "normalise" in caught.value.message
+
+
+def test_a_text_streams_attributes_are_read_as_a_text_messages_options():
+    from myna.messages import stream_turn_options
+
+    assert stream_turn_options({"speed": "1.5", "voice": "v", "lk.segment_id": "x"}, "t") == {
+        "voice": "v", "speed": 1.5, "language": None}
+    assert stream_turn_options({}, "t") == {"voice": None, "speed": None, "language": None}
+    for attributes, code in [({"speed": "fast"}, "bad_speed"), ({"speed": "9"}, "bad_speed"),
+                             ({"speed": "nan"}, "bad_speed"), ({"language": "not a tag!"}, "bad_language")]:
+        with pytest.raises(BadMessage) as caught:
+            stream_turn_options(attributes, "t")
+        assert (caught.value.code, caught.value.turn_id) == (code, "t"), attributes

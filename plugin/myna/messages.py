@@ -30,6 +30,7 @@ go into the ``error`` event, with the message's ``turn_id`` when it had a valid 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from myna.engines.base import MAX_SPEED, MIN_SPEED, EngineError, check_language, check_speed
@@ -187,6 +188,29 @@ def parse_message(raw: str | bytes, *, config: bool = False) -> Message:
     if not isinstance(obj, dict) or not isinstance(obj.get("type"), str):
         raise BadMessage("bad_message", 'a message is a JSON object with a string "type"')
     return message_from(obj, config=config)
+
+
+#: The attributes of a LiveKit ``myna.text`` stream that are its turn's options.
+STREAM_OPTIONS = ("voice", "speed", "language")
+
+
+def stream_turn_options(attributes: Mapping[str, str], turn_id: str) -> dict:
+    """A ``myna.text`` stream's turn options, from its attributes (LiveKit's attributes are
+    strings: ``{"speed": "1.5", "voice": "en_GB-alan-medium"}``), checked as a ``text``
+    message's are: ``{"voice", "speed", "language"}`` (None where absent; ``speed`` a float).
+
+    Raises:
+        BadMessage: ``bad_speed``, ``bad_language`` (…) with ``turn_id``, as :func:`message_from`.
+    """
+    obj: dict = {"type": "text", "turn_id": turn_id, "text": ""}
+    obj.update((name, attributes[name]) for name in STREAM_OPTIONS if name in attributes)
+    if isinstance(obj.get("speed"), str):
+        try:
+            obj["speed"] = float(obj["speed"])
+        except ValueError:
+            pass  # (refused as bad_speed, naming the value)
+    text = message_from(obj)
+    return {"voice": text.voice, "speed": text.speed, "language": text.language}
 
 
 def message_from(obj: dict, *, config: bool = False) -> Message:

@@ -111,6 +111,27 @@ async def test_contract_messages_as_data_packets_speak_and_interrupt(livekit_nod
             assert done["turn_id"] == "long" and done["interrupted"] is True
 
 
+async def test_a_text_streams_attributes_are_its_turns_options(livekit_node, engine):
+    room = room_name()
+    async with myna_in_room(livekit_node, room, engine):
+        async with RoomClient(livekit_node.url, token(room, "alice")) as client:
+            plain = await client.speak(SENTENCES[1], tokens_per_s=None)
+            fast = await client.speak(SENTENCES[1], tokens_per_s=None, attributes={"speed": "1.5"})
+            ratio = fast.events[-1]["audio_ms"] / plain.events[-1]["audio_ms"]
+            assert 0.6 <= ratio <= 0.72, ratio  # speed 1.5: 30–40 % shorter
+            refused, _, sender = await client.start_turn("Too fast.", tokens_per_s=None, attributes={"speed": "fast"})
+            error = await client.next_event("error")
+            assert (error["code"], error["turn_id"]) == ("bad_speed", refused), error
+            await sender
+            unknown, _, sender = await client.start_turn("Who?", tokens_per_s=None, attributes={"voice": "nobody"})
+            error = await client.next_event("error")
+            assert (error["code"], error["turn_id"]) == ("unknown_voice", unknown), error
+            await sender
+            spoken = await client.speak("Still here.", tokens_per_s=None, attributes={"language": "en-GB"})
+            assert spoken.events[-1]["type"] == "turn_done" and spoken.events[-1]["audio_ms"] > 300
+            assert not [e for e in client.history if e.get("turn_id") in (refused, unknown) and e["type"] != "error"]
+
+
 async def test_two_participants_with_the_same_turn_id_keep_their_own_turns(livekit_node, engine):
     room = room_name()
     async with myna_in_room(livekit_node, room, engine) as agent:

@@ -164,16 +164,18 @@ class RoomClient:
 
         return await asyncio.wait_for(wait(), timeout)
 
-    async def start_turn(self, text: str, tokens_per_s: float | None = 30.0, turn_id: str | None = None) -> tuple[str, float, asyncio.Task]:
+    async def start_turn(self, text: str, tokens_per_s: float | None = 30.0, turn_id: str | None = None,
+                         attributes: dict[str, str] | None = None) -> tuple[str, float, asyncio.Task]:
         """Start streaming one turn over ``myna.text``; returns (turn_id, t0, the sending task).
 
-        ``t0`` is when the stream was opened with its first chunk (monotonic s).
+        ``t0`` is when the stream was opened with its first chunk (monotonic s); ``attributes``
+        are the stream's (the turn's options: ``{"speed": "1.5"}``).
         """
         turn_id = turn_id or uuid.uuid4().hex[:12]
         chunks = token_chunks(text)
         t0 = time.monotonic()
         writer = await self.room.local_participant.stream_text(
-            topic=TOPIC_TEXT, stream_id=turn_id, destination_identities=[self.myna().identity])
+            topic=TOPIC_TEXT, stream_id=turn_id, destination_identities=[self.myna().identity], attributes=attributes)
 
         async def send_chunks() -> None:
             try:
@@ -188,10 +190,10 @@ class RoomClient:
         return turn_id, t0, task
 
     async def speak(self, text: str, tokens_per_s: float | None = 30.0, turn_id: str | None = None,
-                    timeout: float = 60.0) -> TurnResult:
+                    timeout: float = 60.0, attributes: dict[str, str] | None = None) -> TurnResult:
         """Stream one turn, wait for its ``turn_done``; the result as :class:`~myna.rtc.client.TurnResult`."""
         start = len(self.frames)
-        turn_id, t0, sender = await self.start_turn(text, tokens_per_s, turn_id)
+        turn_id, t0, sender = await self.start_turn(text, tokens_per_s, turn_id, attributes)
         events = await self.turn_events(turn_id, timeout)
         await sender
         await asyncio.sleep(0.15)  # the last frames are in flight when turn_done is sent

@@ -332,15 +332,21 @@ class RoomAgent:
         task.add_done_callback(self._readers.discard)
 
     async def _read_turn(self, reader: rtc.TextStreamReader, identity: str) -> None:
-        """A ``myna.text`` stream is one turn: stream id = turn_id, chunks = text, close = end."""
+        """A ``myna.text`` stream is one turn: stream id = turn_id, chunks = text, close = end;
+        its attributes ``voice``, ``speed``, ``language`` are the turn's options."""
         turn_id = reader.info.stream_id
         allowed = self.router.allowed(identity)
+        options = None
         if not allowed:
             self.router.end_turn(identity, turn_id)  # → not_allowed
+        else:
+            options = self.router.stream_options(identity, turn_id, reader.info.attributes or {})
+            allowed = options is not None
         try:
             async for chunk in reader:  # (a refused stream is read and dropped: bounded memory)
                 if allowed:
-                    self.router.text(identity, turn_id, chunk)
+                    self.router.text(identity, turn_id, chunk, options)
+                    options = None
         except rtc.StreamError as exc:  # aborted by the sender, or the sender left
             log.info("text stream %s from %r ended early: %s", turn_id, identity, exc)
         if allowed:

@@ -34,12 +34,13 @@ from __future__ import annotations
 import logging
 import secrets
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from myna.events import Error, Event, TurnDone, TurnStarted
 from myna.limits import MessageRate
-from myna.messages import BadMessage, EndTurn, Interrupt, Message, Text, parse_message, valid_turn_id
+from myna.messages import (BadMessage, EndTurn, Interrupt, Message, Text, parse_message, stream_turn_options,
+                           valid_turn_id)
 from myna.session import EventSink, Session
 
 log = logging.getLogger(__name__)
@@ -121,12 +122,24 @@ class Router:
         finally:
             self._sender = None
 
-    def text(self, identity: str, turn_id: str, text: str) -> None:
-        """A chunk of a ``myna.text`` stream (any length): the turn's text, in pieces. A stream
-        id the contract cannot take as a ``turn_id`` gets an ``error`` (``bad_message``)."""
+    def stream_options(self, identity: str, turn_id: str, attributes: Mapping[str, str]) -> dict | None:
+        """A ``myna.text`` stream's turn options from its attributes
+        (:func:`myna.messages.stream_turn_options`), or None: refused, an ``error`` with the
+        turn's id to the sender (the stream is then not spoken)."""
+        try:
+            return stream_turn_options(attributes, turn_id)
+        except BadMessage as exc:
+            self._refuse(identity, exc.code, exc.message, exc.turn_id)
+            return None
+
+    def text(self, identity: str, turn_id: str, text: str, options: dict | None = None) -> None:
+        """A chunk of a ``myna.text`` stream (any length): the turn's text, in pieces; the
+        stream's first chunk carries its ``options`` (:meth:`stream_options`). A stream id the
+        contract cannot take as a ``turn_id`` gets an ``error`` (``bad_message``)."""
         if (turn_id := self._stream_turn(identity, turn_id)) is not None:
             for i in range(0, max(len(text), 1), TEXT_PIECE_CHARS):
-                self.message(identity, Text(turn_id, text[i : i + TEXT_PIECE_CHARS]))
+                self.message(identity, Text(turn_id, text[i : i + TEXT_PIECE_CHARS], **(options or {})))
+                options = None
 
     def end_turn(self, identity: str, turn_id: str) -> None:
         """A ``myna.text`` stream closed: its turn's input ends."""
