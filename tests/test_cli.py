@@ -401,3 +401,10 @@ def test_the_room_commands_build_dsm_and_refuse_it_without_a_checkpoint_as_serve
 def test_a_voice_no_loaded_engine_takes_is_one_line(capsys, tmp_path, voice, message):
     code, out, err = run_cli(capsys, "say", "Hi.", "--voice", voice, "-o", str(tmp_path / "x.wav"))
     assert code == 1 and message in one_line(err) and "loading" not in out
+
+
+@pytest.mark.parametrize("seed", ["-1", "x"])
+def test_a_piper_seed_that_is_no_seed_is_refused_by_the_parser_naming_the_flag(seed, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--piper-seed", seed])
+    assert exited.value.code == 2 and "--piper-seed" in capsys.readouterr().err

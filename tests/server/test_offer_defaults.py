@@ -44,6 +44,8 @@ async def test_the_offer_sets_the_sessions_lexicon_and_normaliser_and_other_sess
     ({"speed": "fast"}, "bad_speed", "number"),
     ({"lexicon": [{"regex": "(", "say": "x"}]}, "bad_lexicon", "lexicon entry 1"),
     ({"lexicon": "Zyntrix"}, "bad_lexicon", "lexicon"),
+    ({"lexicon": [{"regex": "a{99999999999}", "say": "x"}]}, "bad_lexicon", "does not compile"),  # (was a 500)
+    ({"lexicon": [{"word": "hello", "ipa": "/"}]}, "bad_lexicon", "empty"),  # (was a silent word)
     ({"normalise": "no"}, "bad_request", "normalise"),
     ({"voice": 3}, "bad_request", "voice"),
 ])
@@ -57,3 +59,14 @@ async def test_bad_turn_defaults_in_the_offer_are_400s_that_name_the_field(reque
         assert says in answer["error"]["message"] and answer["error"]["message"].startswith("request_data")
         async with client.get("/healthz") as resp:  # the process goes on
             assert resp.status == 200
+
+
+@pytest.mark.parametrize("request_data", [[], 0, False, "", "engine=piper"])
+async def test_request_data_that_is_not_an_object_is_a_400_even_when_falsy(request_data):
+    async with app_client() as client:
+        body = json.dumps({"sdp": "v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\n", "type": "offer",
+                           "request_data": request_data})
+        async with client.post("/api/offer", data=body, headers={"Content-Type": "application/json"}) as resp:
+            answer = await resp.json()
+        assert resp.status == 400 and answer["error"]["code"] == "bad_request", answer
+        assert "must be an object" in answer["error"]["message"]

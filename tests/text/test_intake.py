@@ -224,3 +224,56 @@ def test_speech_in_tells_whether_a_reply_has_anything_to_say():
         assert speech_in(text) == (False, []), text
     assert speech_in("Привет") == (False, [Skipped("Cyrillic", "Привет")])
     assert speech_in("ok 👍")[0] and speech_in("1")[0]
+
+
+# -- found by a break-it pass: split end tags, addresses in attributes, empty IPA, long words ---
+def _pushed(chunks: list[str]) -> tuple[list, list]:
+    intake = TextIntake()
+    return [intake.push(c) for c in chunks], intake.flush()
+
+
+def test_an_end_tag_split_right_after_its_slash_still_closes_the_sub_and_words_flow_on():
+    pushed, _ = _pushed(['Say <sub alias="World Wide Web">WWW</', "sub> now.", " More text", " here. And"])
+    words = [said.split(w) for chunk in pushed for w in chunk if isinstance(w, str)]
+    assert ("WWW", "World Wide Web") in words
+    assert ("More", None) in words  # released while the turn streams, not held to its end
+
+
+def test_an_end_tag_split_right_after_its_slash_is_the_same_tag():
+    scanner = TagScanner()
+    split = scanner.push("Item one</") + scanner.push("p>Item two") + scanner.flush()
+    whole = TagScanner()
+    assert "".join(split) == "".join(whole.push("Item one</p>Item two") + whole.flush()) == "Item one\nItem two"
+
+
+@pytest.mark.parametrize("text, written, spoken", [
+    ('Say <phoneme alphabet="x-sampa" ph="t@meItoU">tomato</phoneme> please.', "tomato", None),
+    ('Say <sub alias="mail sam@acme.com">the desk</sub> please.', "the desk", "mail sam@acme.com"),
+    ('See <sub alias="https://acme.com">our site</sub> now.', "our site", "https://acme.com"),
+])
+def test_a_tag_with_an_address_or_an_sampa_at_in_its_attributes_is_a_tag(text, written, spoken):
+    pushed, flushed = _pushed([text])
+    items = [i for chunk in pushed for i in chunk] + flushed
+    words = [said.split(w) for w in items if isinstance(w, str)]
+    assert not [w for w in words if w[0].strip("<>\"=").lower() in ("phoneme", "sub", "alias", "ph")], words
+    assert (written, spoken or written) in words or (spoken is None and (written, None) in words), words
+
+
+def test_autolinks_are_still_text():
+    pushed, flushed = _pushed(["Write to <sam@acme.com> or see <https://acme.com> today."])
+    text = " ".join(said.text_of(w) for chunk in pushed for w in chunk if isinstance(w, str))
+    assert "sam@acme.com" in text or "acme" in text
+
+
+def test_an_empty_ph_reads_the_word_as_written():
+    pushed, flushed = _pushed(['Say <phoneme alphabet="ipa" ph="">tomato</phoneme> now.'])
+    words = [said.split(w) for chunk in pushed for w in chunk + flushed if isinstance(w, str)]
+    assert [w for w in words if w[0] == "tomato"] in ([("tomato", None)], [("tomato", "tomato")]), words  # as written
+
+
+def test_a_long_run_of_letters_is_still_one_word_that_completes_at_its_comma():
+    intake = TextIntake()
+    items = intake.push("a" * 200_000) + intake.push(",")  # (searched whole: 200,000² steps, hours)
+    items += intake.flush()
+    text = "".join(said.text_of(w) for w in items if isinstance(w, str))
+    assert text.count("a") == 200_000 and text.endswith(",")

@@ -3,8 +3,11 @@ JSON (the WebSocket ``config.lexicon``); bad entries are clear errors naming the
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from myna.messages import BadMessage, parse_message, parse_turn_defaults
 from myna.text import said
 from myna.text.lexicon import Lexicon
 
@@ -71,3 +74,30 @@ def test_a_session_lexicon_comes_before_the_process_one():
     both = session.then(process)
     assert spoken(both, "Zyntrix")[1] == "session says" and spoken(both, "Myna")[1] == "my nah"
     assert spoken(both, "other")[1] is None and session.then(None) is session
+
+
+def test_a_regex_too_large_to_compile_is_bad_lexicon_not_an_overflow():
+    for defaults in ({"lexicon": [{"regex": "a{99999999999}", "say": "x"}]},):
+        with pytest.raises(BadMessage) as caught:
+            parse_turn_defaults(defaults)
+        assert caught.value.code == "bad_lexicon" and "does not compile" in caught.value.message
+    with pytest.raises(BadMessage) as caught:
+        parse_message(json.dumps({"type": "config", "lexicon": [{"regex": "x{99999999999}", "say": "y"}]}), config=True)
+    assert caught.value.code == "bad_lexicon"
+
+
+def test_a_regex_that_backtracks_without_end_is_left_out_and_the_others_stay():
+    lexicon = Lexicon.from_json([{"regex": "(a|a)+$", "say": "x"}, {"regex": "kw[a-z]+", "say": "strawberry"}])
+    assert lexicon.apply("aaa") == said.mark("aaa", "x")
+    bomb = "a" * 40 + "b"  # 2^40 ways to match the a's before failing at "b": days
+    assert lexicon.apply(bomb) == bomb  # given up on within its time limit, then left out
+    assert lexicon.apply("aaa") == "aaa"
+    assert lexicon.apply("kwzzpt") == said.mark("kwzzpt", "strawberry")
+
+
+@pytest.mark.parametrize("entry", [{"word": "hello", "ipa": "/"}, {"word": "hello", "ipa": "/ /"},
+                                   {"word": "hello", "say": "/ /"}])
+def test_an_empty_spoken_form_is_bad_lexicon_not_a_silent_word(entry):
+    with pytest.raises(BadMessage) as caught:
+        parse_turn_defaults({"lexicon": [entry]})
+    assert caught.value.code == "bad_lexicon" and "entry 1" in caught.value.message, caught.value.message

@@ -167,3 +167,10 @@ def test_the_front_end_costs_far_less_than_a_millisecond_a_chunk_of_prose():
 
     measure([PROSE], 2, True)
     assert percentile(measure([PROSE], 10, True), 0.95) < 1.0
+
+
+@pytest.mark.parametrize("text, spoken", [("It is −5 degrees.", "It is minus five degrees."),
+                                          ("It is −5% today.", "It is minus five percent today."),
+                                          ("It fell −3.5 points.", "It fell minus three point five points.")])
+def test_a_minus_sign_reads_as_minus(text, spoken):
+    assert read_text(text) == spoken  # (U+2212 was dropped: "five degrees")

@@ -177,7 +177,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, engines: str | None
                         "beside its .onnx.json, that --piper-voice FILE.onnx also takes, where Hugging Face's own "
                         "cache keeps symlinks in a folder per commit (default: $XDG_CACHE_HOME/myna/voices, "
                         "~/.cache/myna/voices)")
-    g.add_argument("--piper-seed", type=int, default=None, metavar="N",
+    g.add_argument("--piper-seed", type=_seed, default=None, metavar="N",
                    help="seed the Piper voices' noise, so a text renders the same way whatever was said before it, in "
                         "every process (tests, A/B listening; default: a fresh draw on every run, as Piper does)")
     g.add_argument("--lexicon", metavar="FILE",
@@ -213,6 +213,17 @@ def positive_int(value: str) -> int:
         raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
     if n < 1:
         raise argparse.ArgumentTypeError(f"{value} is less than 1")
+    return n
+
+
+def _seed(value: str) -> int:
+    """argparse type: a noise seed, a whole number of 0 or more (numpy's seeds are)."""
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative (a seed is 0 or more)")
     return n
 
 

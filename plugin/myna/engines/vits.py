@@ -165,6 +165,8 @@ class SplitVoice:
         from piper.patch_voice_with_alignment import add_alignment_output
         from piper.voice import PiperVoice
 
+        if seed is not None and seed < 0:
+            raise ValueError(f"seed {seed} is negative (a seed is 0 or more)")
         model = onnx.load(str(model_path))
         self.seed = seed
         self._noise_names = _noise_inputs(model) if seed is not None else []

@@ -64,8 +64,16 @@ _MARKER_CHARS = 4
 # "U.S" in progress) then . ! ? … , ; :, or ! ? … after anything. After digits a comma, a stop
 # or a colon may go on ("3,000", "3.14", "10:30").
 _COMPLETE_NOW = re.compile(r"(?:[^\W\d_]{2,}[.!?…,;:]+|[!?…]+)$")
+# ... looked for in a word's last characters only: searched over a whole word, a long run of
+# letters without punctuation costs its length squared, on every chunk.
+_COMPLETE_TAIL = 64
 # Not complete although it looks it: a URL, an address, a URL scheme waiting for its "//".
 _URL_LIKE = re.compile(r"://|^www\.|@|\]\(|/|^(?:https?|ftp|file|mailto|tel|wss?):$", re.IGNORECASE)
+
+
+def _complete_now(word: str) -> bool:
+    """Whether ``word`` (closing quotes and brackets aside) is complete by :data:`_COMPLETE_NOW`."""
+    return bool(_COMPLETE_NOW.search(word.rstrip(CLOSERS)[-_COMPLETE_TAIL:]))
 
 
 class TextIntake:
@@ -113,7 +121,7 @@ class TextIntake:
     def push(self, chunk: str) -> list[IntakeItem]:
         """Add a chunk (any split); return the items it completed, in order."""
         out = self._scan(self._tags.push(chunk))
-        if _COMPLETE_NOW.search(self._words.partial.rstrip(CLOSERS)) and not _URL_LIKE.search(self._words.partial):
+        if _complete_now(self._words.partial) and not _URL_LIKE.search(self._words.partial):
             out += self._accept(self._words.flush())
         return out
 
@@ -160,7 +168,7 @@ class TextIntake:
         self._head += text
         first = self._head.split(maxsplit=1)[0] if self._head.strip() else ""
         complete = bool(re.match(r"\s*\S+\s", self._head)) or (
-            bool(_COMPLETE_NOW.search(first.rstrip(CLOSERS))) and not _URL_LIKE.search(first))
+            _complete_now(first) and not _URL_LIKE.search(first))
         if complete or len(first) > _MARKER_CHARS:
             return self._release_head()  # the line's first word is complete, or too long to be a marker
         return []

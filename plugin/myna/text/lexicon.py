@@ -26,15 +26,22 @@ object ``{"Zyntrix": "zin tricks", "tomato": "/təmˈɑːtoʊ/"}`` (any case), o
 
 from __future__ import annotations
 
-import re
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+import regex
+
 from myna.text import said
+
+log = logging.getLogger(__name__)
 
 _PUNCTUATION = ".,;:!?\"'()[]{}…-—"
 #: Bounds on a lexicon sent by a client (entries, characters of a pattern or a spoken form).
 MAX_ENTRIES, MAX_PATTERN_CHARS, MAX_SPOKEN_CHARS = 1000, 200, 200
+#: The longest a regex entry may take to match one word (s); one that takes longer is left out
+#: of its lexicon from then on (a pattern that backtracks without end, sent by a client).
+MATCH_TIMEOUT_S = 0.02
 _default: "Lexicon | None" = None
 
 
@@ -77,14 +84,10 @@ class Lexicon:
         self.entries: list[Entry] = list(entries)
         self._exact: dict[str, Entry] = {}
         self._any: dict[str, Entry] = {}
-        self._patterns: list[tuple[re.Pattern, Entry]] = []
+        self._patterns: list[tuple[regex.Pattern, Entry]] = []
         for entry in self.entries:
             if entry.regex:
-                try:
-                    pattern = re.compile(entry.match, 0 if entry.exact else re.IGNORECASE)
-                except re.error as exc:
-                    raise ValueError(f"regex {entry.match!r} does not compile: {exc}") from None
-                self._patterns.append((pattern, entry))
+                self._patterns.append((_compiled(entry.match, entry.exact), entry))
             elif entry.exact:
                 self._exact[entry.match] = entry
             else:
@@ -176,12 +179,18 @@ class Lexicon:
         entry = self._exact.get(core) or self._any.get(core.casefold())
         if entry is not None:
             return said.mark(core, entry.say, entry.ipa)
-        for pattern, entry in self._patterns:
-            m = pattern.fullmatch(core)
+        for pattern, entry in list(self._patterns):
+            try:
+                m = pattern.fullmatch(core, timeout=MATCH_TIMEOUT_S)
+            except TimeoutError:  # a pattern that backtracks without end ("(a+)+$"): left out
+                self._patterns.remove((pattern, entry))
+                log.warning("lexicon regex %r took over %g ms on one word; left out from now on",
+                            entry.match, 1000 * MATCH_TIMEOUT_S)
+                continue
             if m is not None:
                 try:
                     spoken = m.expand(entry.say) if entry.say is not None else None
-                except (re.error, IndexError):
+                except (regex.error, IndexError):
                     spoken = entry.say
                 return said.mark(core, spoken, entry.ipa)
         return self._then._find(core) if self._then is not None else None
@@ -207,14 +216,26 @@ def _checked(entry: Entry) -> Entry:
     """
     if len(entry.match) > MAX_PATTERN_CHARS:
         raise ValueError(f"{entry.match[:30]!r}…: at most {MAX_PATTERN_CHARS} characters")
+    if not (entry.say or entry.ipa or "").strip():
+        raise ValueError(f"the spoken form of {entry.match[:30]!r} is empty (\"/\" is no IPA)")
     if len(entry.say or entry.ipa or "") > MAX_SPOKEN_CHARS:
         raise ValueError(f"the spoken form of {entry.match[:30]!r} is over {MAX_SPOKEN_CHARS} characters")
     if entry.regex:
-        try:
-            re.compile(entry.match)
-        except re.error as exc:
-            raise ValueError(f"regex {entry.match!r} does not compile: {exc}") from None
+        _compiled(entry.match, entry.exact)
     return entry
+
+
+def _compiled(pattern: str, exact: bool) -> "regex.Pattern":
+    """``pattern`` compiled (the ``regex`` package, in ``re``'s syntax: its matches take a time
+    limit, :data:`MATCH_TIMEOUT_S`; the standard ``re`` has none, and lexicons come from clients).
+
+    Raises:
+        ValueError: it does not compile (bad syntax, a repeat count too large to compile…).
+    """
+    try:
+        return regex.compile(pattern, regex.V0 | (0 if exact else regex.IGNORECASE))
+    except (regex.error, OverflowError, RecursionError, ValueError) as exc:
+        raise ValueError(f"regex {pattern!r} does not compile: {exc}") from None
 
 
 def default() -> "Lexicon | None":

@@ -40,7 +40,7 @@ _TAG = re.compile(rf"<(/?)([A-Za-z][-\w:.]*)((?:\s+{_ATTRIBUTE})*)\s*/?\s*>")
 # The start of a tag still arriving: a name, then attributes with values (the last one may be
 # cut anywhere). "<y then more" is no tag: an attribute without a value can only be the last.
 _PARTIAL_TAG = re.compile(
-    r"""<(?:!|\?|/?[A-Za-z][-\w:.]*(?:\s+[A-Za-z_:][-\w:.]*\s*=\s*(?:"[^"<>]*"|'[^'<>]*'|[^\s"'<>=`]+))*"""
+    r"""<(?:!|\?|/|/?[A-Za-z][-\w:.]*(?:\s+[A-Za-z_:][-\w:.]*\s*=\s*(?:"[^"<>]*"|'[^'<>]*'|[^\s"'<>=`]+))*"""
     r"""(?:\s+(?:[A-Za-z_:][-\w:.]*(?:\s*=\s*(?:"[^"<>]*|'[^'<>]*|[^\s"'<>=`]*))?)?)?\s*/?)?$"""
 )
 _COMMENT = re.compile(r"<!--.*?-->|<![^<>]*>|<\?[^<>]*\?>", re.DOTALL)
@@ -169,7 +169,10 @@ class TagScanner:
 
 
 def _is_autolink(tag: str) -> bool:
-    return "://" in tag or "@" in tag
+    """``<https://…>`` or ``<sam@acme.com>``: told by what follows ``<`` up to a space, so an
+    attribute value with an address or an X-SAMPA ``@`` leaves a tag a tag."""
+    head = tag[1:].split(None, 1)[0] if tag[1:].strip() else ""
+    return "://" in head or "@" in head
 
 
 def _may_become_tag(rest: str) -> bool:
@@ -197,7 +200,7 @@ def _meaning(tag: re.Match[str]) -> list[ScanItem]:
             alias = _ALIAS.search(attributes)
             return [_Open(name, spoken=next(g for g in alias.groups() if g is not None))] if alias else [_Open(name)]
         ph, alphabet = _PH.search(attributes), _ALPHABET.search(attributes)
-        ipa = next(g for g in ph.groups() if g is not None) if ph else None
+        ipa = (next(g for g in ph.groups() if g is not None).strip() or None) if ph else None  # (ph="": the word)
         if alphabet and alphabet.group(1).lower() != "ipa":
             ipa = None  # (x-sampa and the rest: read the word)
         return [_Open(name, ipa=ipa)]

@@ -121,7 +121,7 @@ def normalise_word(word: str) -> str:
     """
     if _FENCE.match(word):
         return ""
-    text = unicodedata.normalize("NFC", word)
+    text = unicodedata.normalize("NFC", word).replace("\u2212", "-")  # (U+2212 MINUS SIGN: "−5" is "-5")
     text = _KEYCAP.sub("", text)
     text = _HTML_TAG.sub(" ", text)
     text = _LINK_TARGET.sub("", text).replace("![", "[")

@@ -89,7 +89,7 @@ class Peers:
         sdp, kind = body.get("sdp"), body.get("type")
         if not isinstance(sdp, str) or kind != "offer":
             raise HTTPError(400, "bad_request", 'the body needs "sdp" (string) and "type": "offer"')
-        request_data = body.get("request_data") or body.get("requestData") or {}
+        request_data = next((body[k] for k in ("request_data", "requestData") if body.get(k) is not None), {})
         if not isinstance(request_data, dict):
             raise HTTPError(400, "bad_request", '"request_data" must be an object')
         engine_name = request_data.get("engine")
