@@ -207,23 +207,21 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, engines: str | None
 
 def positive_int(value: str) -> int:
     """argparse type: an integer of at least 1."""
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{value} is less than 1")
-    return n
+    return _whole_number(value, 1)
 
 
 def _seed(value: str) -> int:
     """argparse type: a noise seed, a whole number of 0 or more (numpy's seeds are)."""
+    return _whole_number(value, 0)
+
+
+def _whole_number(value: str, least: int) -> int:
     try:
         n = int(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"{value} is negative (a seed is 0 or more)")
+    if n < least:
+        raise argparse.ArgumentTypeError(f"{value} is less than {least}")
     return n
 
 
