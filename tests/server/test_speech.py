@@ -39,8 +39,21 @@ def worker(**limits) -> Worker:
                   Limits(**{"max_sessions_per_client": None, "offer_rate": None, "message_rate": None, **limits}))
 
 
+_clients: list[openai.AsyncOpenAI] = []
+
+
 def client(url: str, token: str = "unused") -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=url + "/v1", api_key=token, max_retries=0)
+    """The real ``openai`` client for ``url``, closed when the test ends (left open, it is
+    closed when collected, after its loop is gone, and asyncio logs that in a later test)."""
+    _clients.append(openai.AsyncOpenAI(base_url=url + "/v1", api_key=token, max_retries=0))
+    return _clients[-1]
+
+
+@pytest.fixture(autouse=True)
+async def _close_clients():
+    yield
+    while _clients:
+        await _clients.pop().close()
 
 
 def decoded_seconds(data: bytes) -> tuple[float, int]:

@@ -10,6 +10,7 @@ import datetime
 import hashlib
 import hmac
 import json
+import logging
 import os
 import sys
 import time
@@ -111,7 +112,16 @@ async def test_signed_tokens_with_malformed_claims_are_refused_in_json_on_both_d
             offer, ws = await refusals(url, malformed_token(claims))
             assert offer[:2] == (status, code), (name, offer)
             assert ws == (status, code), (name, ws)
-    assert not [r for r in caplog.records if r.levelname == "ERROR"], "no traceback is logged"
+    assert not [r for r in caplog.records if r.levelname == "ERROR" and _of_the_worker(r)], "no traceback is logged"
+
+
+def _of_the_worker(record: logging.LogRecord) -> bool:
+    """Logged by the worker (its loggers, aiohttp's, or asyncio's about a task running Myna's
+    code), not by an earlier test's garbage collected now (an unclosed client's task)."""
+    if record.name.split(".")[0] in ("myna", "aiohttp"):
+        return True
+    trace = logging.Formatter().formatException(record.exc_info) if record.exc_info else ""
+    return "/myna/" in record.getMessage() + trace
 
 
 def test_a_malformed_claim_is_named_in_the_refusal():
