@@ -179,11 +179,12 @@ class Lexicon:
         entry = self._exact.get(core) or self._any.get(core.casefold())
         if entry is not None:
             return said.mark(core, entry.say, entry.ipa)
-        for pattern, entry in list(self._patterns):
+        for pattern, entry in self._patterns:
             try:
                 m = pattern.fullmatch(core, timeout=MATCH_TIMEOUT_S)
-            except TimeoutError:  # a pattern that backtracks without end ("(a+)+$"): left out
-                self._patterns.remove((pattern, entry))
+            except TimeoutError:  # a pattern that backtracks without end ("(a|a)+$"): left out
+                # (a new list: the loop goes on over the old one)
+                self._patterns = [kept for kept in self._patterns if kept[1] is not entry]
                 log.warning("lexicon regex %r took over %g ms on one word; left out from now on",
                             entry.match, 1000 * MATCH_TIMEOUT_S)
                 continue
