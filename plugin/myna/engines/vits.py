@@ -76,7 +76,6 @@ def _noise_inputs(model) -> list[str]:
     Raises:
         ValueError: a random node that is not ``RandomNormalLike`` (``RandomUniform``…).
     """
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     graph, names, nodes = model.graph, [], []
@@ -88,7 +87,7 @@ def _noise_inputs(model) -> list[str]:
             continue
         if node.op_type != "RandomNormalLike":
             raise ValueError(f"random node {node.name} is {node.op_type}: only RandomNormalLike is fed")
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         k = len(names)
         pool, p = f"noise_{k}", f"/noise_{k}/"
         names.append(pool)
