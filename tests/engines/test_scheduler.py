@@ -4,6 +4,8 @@ dropping a session's jobs, and Piper's jobs: a unit's latent whole, then chunks 
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import threading
 import time
 
@@ -12,7 +14,7 @@ import pytest
 
 from myna.engines import AudioChunk
 from myna.engines.piper import CHUNK_FRAMES, FIRST_CHUNK_FRAMES, PiperEngine, UnitLatent
-from myna.engines.scheduler import DeadlineScheduler
+from myna.engines.scheduler import DeadlineScheduler, lower_thread_priority
 
 
 class Clock:
@@ -156,10 +158,11 @@ class VirtualPiper:
 
     HOP = 256
 
-    def __init__(self, job_s: float = 0.0):
+    def __init__(self, job_s: float = 0.0, lead: int = 0):
         self.engine = PiperEngine(workers=1, horizon_s=120.0)  # (the horizon is tested above)
         self.engine._voice = object()  # "loaded"
         self.job_s = job_s
+        self.lead = lead  # frames of quiet lead-in before each unit's first word
         self.jobs: list[dict] = []
         self.engine.encode_unit = self._encode
         self.engine.render = self._render
@@ -181,8 +184,9 @@ class VirtualPiper:
     def _encode(self, text: str, speed: float = 1.0, voice: str | None = None) -> UnitLatent:
         time.sleep(self.job_s)
         words = text.split()
-        starts = [1000.0 * 2 * self.HOP * len(" ".join(words[:i])) / 22_050 for i in range(len(words))]
-        return UnitLatent([_FakeLatent(text, 2 * len(text))], starts, 2 * len(text) * self.HOP)
+        frames = 2 * len(text) + self.lead
+        starts = [1000.0 * self.HOP * (self.lead + 2 * len(" ".join(words[:i]))) / 22_050 for i in range(len(words))]
+        return UnitLatent([_FakeLatent(text, frames)], starts, frames * self.HOP)
 
     def _render(self, latent: _FakeLatent, start: int, end: int, voice: str | None = None) -> np.ndarray:
         time.sleep(self.job_s)
@@ -211,6 +215,36 @@ async def test_a_long_unit_is_one_latent_job_then_chunks_that_grow_never_a_cut_i
     assert sum(chunks) >= 2 * len(LONG_CLAUSE)  # every frame rendered
     assert [i.word for i in items if not isinstance(i, AudioChunk)] == LONG_CLAUSE.split()  # (words without stops)
     piper.engine.scheduler.shutdown()
+
+
+async def test_a_turns_first_chunk_holds_its_frames_of_sound_after_the_quiet_lead_in():
+    """The output trims a turn's quiet lead-in, so the first chunk is rendered that much longer:
+    FIRST_CHUNK_FRAMES of sound go out first (with fewer, the next chunk was due ~40 ms into the
+    first word and came late under load: a gap inside it). Later chunks grow as before."""
+    piper = VirtualPiper(lead=5)
+    stream = piper.engine.stream()
+    stream.push_text(LONG_CLAUSE + ". " + LONG_CLAUSE + ".")
+    stream.end_input()
+    await _drain(stream)
+    chunks = [job["frames"] for job in piper.jobs if job["kind"] == "chunk"]
+    assert chunks[:4] == [5 + FIRST_CHUNK_FRAMES, 2 * FIRST_CHUNK_FRAMES, 4 * FIRST_CHUNK_FRAMES, 8 * FIRST_CHUNK_FRAMES]
+    piper.engine.scheduler.shutdown()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
+async def test_synthesis_threads_run_at_a_lower_priority_than_the_event_loop():
+    own = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    scheduler = DeadlineScheduler(1, "test", niceness=5)
+    nice = await scheduler.run(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+    assert nice == min(19, own + 5)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == own  # the loop's thread is untouched
+    scheduler.shutdown()
+    piper = PiperEngine(workers=2)
+    nice = await piper.scheduler.run(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+    assert piper.scheduler.workers == 2 and nice == min(19, own + 10)
+    piper.scheduler.shutdown()
+    lower_thread_priority(0)  # no change asked: none made
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == own
 
 
 async def test_a_turns_first_unit_waits_for_one_chunk_not_for_a_unit():

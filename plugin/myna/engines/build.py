@@ -195,8 +195,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, engines: str | None
     g.add_argument("--fallback-stall-ms", type=milliseconds, default=STALL_MS, metavar="MS",
                    help="silence mid-turn, while words wait, before the switch (default: %(default)s)")
     g.add_argument("--workers", type=positive_int, default=None, metavar="N",
-                   help="Piper synthesis threads shared by every session (default: all cores but one, at least one: "
-                        "the event loop paces the packets)")
+                   help="Piper synthesis threads shared by every session (default: one per core, each at a lower "
+                        "priority than the event loop that paces the packets)")
     g.add_argument("--phrase-cache-mb", type=megabytes, default=phrase_cache_mb, metavar="MB",
                    help="memory bound of the phrase cache (synthesised units kept in memory), MB; 0 turns it off "
                         "(default: %(default)s)")

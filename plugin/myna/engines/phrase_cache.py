@@ -32,7 +32,7 @@ line) is spoken through each engine's own streams at start-up, before the worker
 so the units stored are exactly the units a turn with that text produces (same chunker, same
 verbaliser, same job split). Each phrase is spoken twice: streamed word by word as an LLM
 writes it, and sent whole, since the two can be cut differently (streamed, the first phrase
-goes out after four words: "I can help you" + "with that today."; sent whole, a clause is one
+goes out after three words: "I can help" + "you with that today."; sent whole, a clause is one
 unit). A turn whose text arrives slowly enough to be cut elsewhere (the first phrase's wait,
 :data:`myna.engines.piper.FIRST_PHRASE_WAIT_S`) gets other units, and misses.
 

