@@ -2,10 +2,11 @@
 
 A worker on the internet must bound what one client can take. Three kinds of limit:
 
-- **Sessions.** A global cap (``--max-sessions``; by default the engine's measured capacity on
-  this host, :func:`measure_capacity`) and a per-client cap (a client is the token's identity,
-  or the remote address without keys). Over the global cap: 503 ``full``; over a client's cap:
-  429 ``too_many_sessions``. Both carry ``Retry-After``.
+- **Sessions.** A global cap (``--max-sessions``; by default the conversations the engine holds
+  on this host within ``myna bench capacity``'s latency bound, :func:`measure_capacity`) and a
+  per-client cap (a client is the token's identity, or the remote address without keys). Over
+  the global cap: 503 ``full``; over a client's cap: 429 ``too_many_sessions``. Both carry
+  ``Retry-After``.
 - **Rates.** Offers (``POST /api/offer``, WebSocket connections) per client and messages per
   session, each a token bucket (:class:`TokenBucket`): ``burst`` at once, then ``rate`` per
   second. An offer over the rate gets 429 ``rate_limited`` with ``Retry-After``. Messages are
@@ -37,7 +38,16 @@ from myna.errors import HTTPError
 RETRY_WHEN_FULL_S = 5
 #: Sentence synthesised to measure an engine's capacity (about 3 s of speech).
 CAPACITY_TEXT = "The weather today is sunny, with a light breeze from the west and a few clouds."
-
+#: The share of a conversation's time the agent speaks under ``myna bench capacity``'s load
+#: (replies of 8–40 words at LLM pace after 2–6 s of the user): its ``speech_share`` column
+#: (0.47–0.58 over the steps of one run).
+SPEECH_SHARE = 0.55
+#: The engine's busy share at the bound: ``myna bench capacity``'s measured capacity × SPEECH_SHARE
+#: ÷ the real-time streams :func:`measure_capacity` finds on the same host (8 × 0.55 ÷ 17.5 on
+#: two cores, the bundled Piper voice). Low because the bound is tight: at LLM pace a reply's
+#: first phrase waits ~70–130 ms for its words, which leaves little for waiting behind other
+#: sessions' jobs; past it, pauses mid-reply break the bound first.
+BOUND_UTILISATION = 0.25
 
 @dataclass
 class Limits:
@@ -232,20 +242,45 @@ class Admission:
                 del self._offers[client]
 
 
-async def measure_capacity(engine: Engine, streams: int = 4, utilisation: float = 0.8) -> int:
-    """Sessions ``engine`` can keep speaking continuously on this host, measured now.
+def conversations_at_bound(audio_s: float, wall_s: float, utilisation: float = BOUND_UTILISATION,
+                           speech_share: float = SPEECH_SHARE) -> int:
+    """Conversations an engine holds at the latency bound, from what it synthesised flat out.
 
-    Synthesises :data:`CAPACITY_TEXT` on ``streams`` concurrent streams and returns
-    ``floor(utilisation × audio seconds produced / wall seconds)``, at least 1. It measures
-    through :meth:`~myna.engines.base.Engine.warms_through`, as the phrase cache's warm-up does:
-    a fallback's primary, whose breaker must not count these turns (4 streams at once can be
-    more than the primary keeps up with, which opened the breaker for the first 30 s of service).
+    ``audio_s ÷ wall_s`` is how many real-time streams the engine sustains with every synthesis
+    thread busy (R). A conversation keeps ``speech_share`` of a stream busy, and the bound held
+    while the engine was busy ``utilisation`` of the time, so the engine holds
+    ``floor(utilisation × R ÷ speech_share)`` conversations, at least 1.
+
+    Args:
+        audio_s: seconds of audio synthesised.
+        wall_s: wall seconds it took, every thread busy (> 0).
+        utilisation: the engine's busy share at ``myna bench capacity``'s bound
+            (:data:`BOUND_UTILISATION`).
+        speech_share: the share of a conversation's time the agent speaks (:data:`SPEECH_SHARE`).
+    """
+    return max(1, math.floor(utilisation * audio_s / max(wall_s, 1e-6) / speech_share))
+
+
+async def measure_capacity(engine: Engine, streams: int | None = None, utilisation: float = BOUND_UTILISATION,
+                           speech_share: float = SPEECH_SHARE) -> int:
+    """Conversations ``engine`` holds on this host within ``myna bench capacity``'s bound (reply
+    TTFA p95 ≤ 250 ms, no underrun, gaps ≤ 1 a minute), measured now: ``myna serve``'s default
+    ``--max-sessions`` and ``myna worker``'s default capacity.
+
+    Synthesises :data:`CAPACITY_TEXT` on ``streams`` concurrent streams (default: two per
+    synthesis thread, so every thread stays busy) and returns :func:`conversations_at_bound` of
+    the audio made and the time it took. It measures through
+    :meth:`~myna.engines.base.Engine.warms_through`, as the phrase cache's warm-up does: a
+    fallback's primary, whose breaker must not count these turns (streams at once can be more
+    than the primary keeps up with, which opened the breaker for the first 30 s of service).
 
     Raises:
         EngineError: when the engine fails to synthesise.
     """
 
     engine = engine.warms_through
+    if streams is None:
+        streams = 2 * getattr(getattr(engine, "scheduler", None), "workers", 2)
 
     async def one() -> float:
         stream = engine.stream(None, group=object())
@@ -255,5 +290,4 @@ async def measure_capacity(engine: Engine, streams: int = 4, utilisation: float 
 
     t0 = time.monotonic()
     audio_s = sum(await asyncio.gather(*(one() for _ in range(streams))))
-    wall_s = max(time.monotonic() - t0, 1e-6)
-    return max(1, math.floor(utilisation * audio_s / wall_s))
+    return conversations_at_bound(audio_s, time.monotonic() - t0, utilisation, speech_share)

@@ -114,6 +114,30 @@ async def test_tokens_over_the_websocket_header_and_query():
 
 
 # -- limits ----------------------------------------------------------------------------------
+def test_the_default_capacity_is_conversations_at_the_latency_bound_not_streams_of_throughput():
+    from myna.limits import BOUND_UTILISATION, SPEECH_SHARE, conversations_at_bound
+
+    # 20 real-time streams flat out (the bundled voice on two threads here): the bound held while
+    # the threads were busy BOUND_UTILISATION of the time, and a conversation speaks SPEECH_SHARE.
+    assert conversations_at_bound(16.5, 0.825) == int(BOUND_UTILISATION * 20 / SPEECH_SHARE)
+    assert conversations_at_bound(16.5, 0.825, utilisation=0.5, speech_share=0.5) == 20
+    assert conversations_at_bound(16.5, 1.65, utilisation=0.5, speech_share=0.5) == 10  # a host half as fast
+    assert conversations_at_bound(0.1, 10.0) == 1  # never below one
+
+
+async def test_capacity_is_measured_with_every_synthesis_thread_busy():
+    from myna.engines.piper import PiperEngine
+    from myna.limits import measure_capacity
+
+    engine = PiperEngine(workers=2)
+    streams: list[int] = []
+    tone = ToneEngine()
+    engine.stream = lambda voice=None, group=None: streams.append(1) or tone.stream()
+    assert await measure_capacity(engine) >= 1
+    assert len(streams) == 4  # two per thread
+    engine.scheduler.shutdown()
+
+
 @pytest.mark.network
 async def test_the_session_past_the_cap_gets_503_and_the_others_keep_speaking():
     w = worker(max_sessions=2)

@@ -72,7 +72,7 @@ async def _run(args: argparse.Namespace, engine: str) -> dict:
     from myna.bench.livekit_server import LiveKitServer, media_address
 
     node = LiveKitServer(node_ip=media_address()).start()
-    host = _Host.start(node, engine)
+    host = MynaHost.start(node, engine)
     try:
         rate = args.token_rate or None
         ttfa = await _ttfa(host, node, args.text, rate, args.turns)
@@ -87,7 +87,7 @@ async def _run(args: argparse.Namespace, engine: str) -> dict:
 
 
 # -- 1. TTFA ------------------------------------------------------------------------------
-async def _ttfa(host: "_Host", node, text: str, rate: float | None, turns: int) -> dict:
+async def _ttfa(host: "MynaHost", node, text: str, rate: float | None, turns: int) -> dict:
     from myna.rtc.client import MynaClient
 
     results: dict[str, list] = {"direct": [], "room": []}
@@ -103,7 +103,7 @@ async def _ttfa(host: "_Host", node, text: str, rate: float | None, turns: int) 
 
 
 # -- 2. interrupt ---------------------------------------------------------------------------
-async def _interrupts(host: "_Host", node, trials: int) -> dict:
+async def _interrupts(host: "MynaHost", node, trials: int) -> dict:
     from myna.rtc.client import MynaClient
 
     lags: dict[str, list[float]] = {"direct": [], "room": []}
@@ -159,7 +159,7 @@ async def _event(client, kind: str, turn_id: str, timeout: float = 60.0) -> dict
 
 
 # -- 3. CPU per speaking session ---------------------------------------------------------------
-async def _cpu(host: "_Host", node, path: str, sessions: int, window: float) -> dict:
+async def _cpu(host: "MynaHost", node, path: str, sessions: int, window: float) -> dict:
     from myna.rtc.client import MynaClient
 
     clients = [MynaClient(host.url) if path == "direct" else _room_client(node) for _ in range(sessions)]
@@ -207,14 +207,14 @@ def _room_client(node):
 
 
 # -- the Myna process ------------------------------------------------------------------------
-class _Host:
+class MynaHost:
     """The Myna process under test (a subprocess running :func:`serve_both`)."""
 
     def __init__(self, proc: subprocess.Popen, url: str, log_path: str):
         self.proc, self.url, self.log_path = proc, url, log_path
 
     @classmethod
-    def start(cls, node, engine: str) -> "_Host":
+    def start(cls, node, engine: str) -> "MynaHost":
         from myna.bench.livekit_server import DEV_KEY, DEV_SECRET, free_port
 
         port = free_port()

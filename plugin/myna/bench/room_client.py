@@ -86,6 +86,11 @@ class RoomClient:
         await asyncio.wait_for(self._subscribed.wait(), max(0.1, deadline - time.monotonic()))
         await self.next_event("ready", timeout=max(0.1, deadline - time.monotonic()))
 
+    @property
+    def events(self) -> asyncio.Queue:
+        """Myna's events not read yet, in arrival order (what :meth:`next_event` reads)."""
+        return self._events
+
     def myna(self) -> rtc.RemoteParticipant | None:
         """Myna's participant once it is ready (None before)."""
         for p in self.room.remote_participants.values():
