@@ -53,7 +53,7 @@ import random
 import sys
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -214,13 +214,9 @@ class RoomListener:
     """
 
     def __init__(self, url: str):
-        from myna.bench.livekit_server import DEV_KEY, DEV_SECRET
-        from myna.bench.room import AGENT_NAME
-        from myna.bench.room_client import RoomClient
-        from myna.room.tokens import participant_token
+        from myna.bench.room import room_client
 
-        room = f"capacity-{uuid.uuid4().hex[:8]}"
-        self._client = RoomClient(url, participant_token(DEV_KEY, DEV_SECRET, room, "caller", agent_dispatch=AGENT_NAME))
+        self._client = room_client(url)
         self._start = 0
 
     async def connect(self, timeout: float) -> None:
@@ -261,8 +257,7 @@ class RoomListener:
         return self.last_sound(0.0)
 
     def stalls(self, start: float, end: float) -> int:
-        times = [at for at, _ in self._frames(start) if at <= end]
-        return int(np.count_nonzero(np.diff(times) > STALL_S)) if len(times) > 1 else 0
+        return holes([at for at, _ in self._frames(start) if at <= end])
 
     def quiet(self, since: float, quiet_s: float) -> bool:
         end = self.sound_end()
@@ -329,7 +324,11 @@ def last_sound(packets: list[Packet], since: float) -> float | None:
 
 def stalls(packets: list[Packet], start: float, end: float) -> int:
     """Times the packets stopped for more than :data:`STALL_S` between ``start`` and ``end``."""
-    times = [p.arrival for p in packets if start <= p.arrival <= end]
+    return holes([p.arrival for p in packets if start <= p.arrival <= end])
+
+
+def holes(times: list[float]) -> int:
+    """How many times rising arrival ``times`` (s) are more than :data:`STALL_S` apart."""
     return int(np.count_nonzero(np.diff(times) > STALL_S)) if len(times) > 1 else 0
 
 
@@ -349,7 +348,6 @@ class ReplyResult:
     barge_in_ms: float | None
     lost: bool = False
     text: str = ""
-    gap_list: list = field(default_factory=list)  # the worker's ``turn_done.gaps``: [at_ms, ms]
     audio: "list[Packet] | np.ndarray | None" = field(default=None, repr=False)  # kept for --wer: audio_of()
 
 
@@ -416,8 +414,7 @@ async def speak_reply(client: "PacketClient | RoomListener", plan: ReplyPlan, pe
     audio = client.recording() if keep_audio and interrupt_at is None else None
     return ReplyResult(t0, words, None if heard is None else 1000.0 * (heard - t0),
                        first.get("server_ttfa_ms") if first else None, speech_ms, gap_count, stall_count,
-                       int(done.get("underruns") or 0), barge, text=plan.text, audio=audio,
-                       gap_list=list(done.get("gaps") or ()))
+                       int(done.get("underruns") or 0), barge, text=plan.text, audio=audio)
 
 
 async def _until_quiet(client: "PacketClient | RoomListener", since: float, quiet_s: float, timeout: float) -> None:
@@ -480,14 +477,10 @@ class Step:
 
 
 def _process_cpu(pid: int | None) -> float | None:
-    """CPU seconds (user + system) of process ``pid`` so far, from ``/proc``; None if unknown."""
-    if pid is None:
-        return None
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds of process ``pid`` so far; None if unknown."""
+    from myna.bench.processes import process_cpu_s
+
+    return None if pid is None else process_cpu_s(pid)
 
 
 def _own_cpu() -> float:

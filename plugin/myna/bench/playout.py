@@ -38,6 +38,7 @@ import time
 import numpy as np
 
 from myna.audio.preroll import FixedPreRoll, JitterAwarePreRoll
+from myna.bench.processes import process_cpu_s
 from myna.bench.simulate import PRODUCERS, percentile, simulate_paced, simulate_sleep_writer
 
 STRATEGIES = ["ours", "fixed_0ms", "fixed_200ms", "sleep_writer"]
@@ -508,11 +509,11 @@ async def _ramp(mode: str, speaking: bool, pcm24: np.ndarray, levels: list[int],
             await asyncio.sleep(0.5)  # let DTLS and the first frames settle
             late_ms.clear()
             slips = sum(t.stats().slips for t in tracks)
-            c0, w0, p0 = time.process_time(), time.monotonic(), _cpu_of(proc.pid)
+            c0, w0, p0 = time.process_time(), time.monotonic(), (process_cpu_s(proc.pid) or 0.0)
             await asyncio.sleep(step_s)
             wall = time.monotonic() - w0
             cpu = (time.process_time() - c0) / wall
-            peers_cpu = (_cpu_of(proc.pid) - p0) / wall
+            peers_cpu = ((process_cpu_s(proc.pid) or 0.0) - p0) / wall
             late = list(late_ms)
             rows.append({
                 "sessions": level,
@@ -552,16 +553,6 @@ async def _ramp(mode: str, speaking: bool, pcm24: np.ndarray, levels: list[int],
         "cpu_ms_per_session_s": round(1000 * per_session, 2),
         "sessions_per_core": round(1.0 / per_session, 1) if per_session and per_session > 0 else None,
     }
-
-
-def _cpu_of(pid: int) -> float:
-    """CPU seconds (user + system) a process has used, from /proc (0 where unavailable)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
 
 
 def print_capacity(cap: dict, max_p99_ms: float) -> None:

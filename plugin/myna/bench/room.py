@@ -91,7 +91,7 @@ async def _ttfa(host: "MynaHost", node, text: str, rate: float | None, turns: in
     from myna.rtc.client import MynaClient
 
     results: dict[str, list] = {"direct": [], "room": []}
-    async with MynaClient(host.url) as direct, _room_client(node) as room:
+    async with MynaClient(host.url) as direct, room_client(node.url) as room:
         for _ in range(turns):
             results["direct"].append(await direct.speak(text, tokens_per_s=rate))
             results["room"].append(await room.speak(text, tokens_per_s=rate))
@@ -107,7 +107,7 @@ async def _interrupts(host: "MynaHost", node, trials: int) -> dict:
     from myna.rtc.client import MynaClient
 
     lags: dict[str, list[float]] = {"direct": [], "room": []}
-    async with MynaClient(host.url) as direct, _room_client(node) as room:
+    async with MynaClient(host.url) as direct, room_client(node.url) as room:
         for i in range(trials):
             for path, client in (("direct", direct), ("room", room)):
                 lags[path].append(await _one_interrupt(path, client, f"i{i}"))
@@ -162,7 +162,7 @@ async def _event(client, kind: str, turn_id: str, timeout: float = 60.0) -> dict
 async def _cpu(host: "MynaHost", node, path: str, sessions: int, window: float) -> dict:
     from myna.rtc.client import MynaClient
 
-    clients = [MynaClient(host.url) if path == "direct" else _room_client(node) for _ in range(sessions)]
+    clients = [MynaClient(host.url) if path == "direct" else room_client(node.url) for _ in range(sessions)]
     await asyncio.gather(*(c.__aenter__() for c in clients))
     try:
         for i, client in enumerate(clients):
@@ -197,13 +197,15 @@ async def _cpu(host: "MynaHost", node, path: str, sessions: int, window: float) 
     return row
 
 
-def _room_client(node):
+def room_client(url: str):
+    """A :class:`~myna.bench.room_client.RoomClient` (not connected yet) in a new room of the
+    LiveKit server at ``url``, with Myna (agent :data:`AGENT_NAME`) dispatched into it."""
     from myna.bench.room_client import RoomClient
     from myna.room.tokens import participant_token
     from myna.bench.livekit_server import DEV_KEY, DEV_SECRET
 
     room = f"bench-{os.urandom(4).hex()}"
-    return RoomClient(node.url, participant_token(DEV_KEY, DEV_SECRET, room, "listener", agent_dispatch=AGENT_NAME))
+    return RoomClient(url, participant_token(DEV_KEY, DEV_SECRET, room, "listener", agent_dispatch=AGENT_NAME))
 
 
 # -- the Myna process ------------------------------------------------------------------------
