@@ -76,6 +76,46 @@ def test_each_kind_is_said_right(text, said_as):
     assert spoken(text) == compared(said_as)
 
 
+@pytest.mark.parametrize(("text", "said_as"), [
+    # a slash is a date only where a date reads (issue 33.1)
+    ("open 24/7", "open twenty four seven"), ("rate it 9/10", "rate it nine out of ten"),
+    ("4/5 stars", "four out of five stars"), ("a 4.5/5 rating", "a four point five out of five rating"),
+    ("1/10 of an inch", "one tenth of an inch"), ("3/5 of the class", "three fifths of the class"),
+    ("1/2 cup sugar", "one half cup sugar"), ("2 1/2 cups", "two and a half cups"),
+    ("1 3/4 miles", "one and three quarters miles"), ("2½ cups", "two and a half cups"), ("¾ full", "three quarters full"),
+    ("a 50/50 chance", "a fifty fifty chance"), ("5/16 inch", "five sixteenths inch"),
+    ("add 1/2 at a time", "add one half at a time"),
+    # dates that are dates stay dates
+    ("due 6/12", "due june twelfth"), ("from 6/1 to 6/5", "from june first to june fifth"),
+    ("the deadline is 6/12", "the deadline is june twelfth"), ("on Friday 7/4", "on friday july fourth"),
+    ("see you 6/12 at 3pm", "see you june twelfth at three pm"), ("12/25", "december twenty fifth"),
+    ("3/14/2025", "march fourteenth twenty twenty five"), ("6/1 and 6/5", "june first and june fifth"),
+    # ranges keep their "to" (issue 33.2)
+    ("$10-$20", "ten to twenty dollars"), ("€5–€10", "five to ten euros"), ("$10 - $20", "ten dollars to twenty dollars"),
+    ("10-20%", "ten to twenty percent"), ("9am-5pm", "nine am to five pm"), ("9am - 5pm", "nine am to five pm"),
+    ("2-3pm", "two to three pm"), ("between 2-4 p.m.", "between two and four pm"), ("10-20 kg", "ten to twenty kilograms"),
+    ("60-70°F", "sixty to seventy degrees fahrenheit"), ("3 – 5 days", "three to five days"),
+    ("Mon-Fri", "monday through friday"), ("Jan-Mar", "january through march"),
+    ("5-10 minutes", "five to ten minutes"), ("1990-1995", "nineteen ninety to nineteen ninety five"),
+    ("I have 3 - no, 4", "i have three no four"),
+    # street addresses by their neighbours (issue 33.3)
+    ("40 Oak Dr.", "forty oak drive"), ("40 Oak Dr. Then turn left", "forty oak drive then turn left"),
+    ("Dr. Patel", "doctor patel"), ("ask for Dr. Patel", "ask for doctor patel"), ("John, Dr. Lee is in", "john doctor lee is in"),
+    ("Ft. Worth", "fort worth"), ("6 ft. tall", "six feet tall"), ("Elm Ave., Apt. 4", "elm avenue apartment four"),
+    ("Mill Rd.", "mill road"), ("Main St.", "main street"), ("Elm St. is closed", "elm street is closed"),
+    ("in St. Louis", "in saint louis"), ("Sunset Blvd.", "sunset boulevard"), ("350 5th Ave", "three hundred and fifty fifth avenue"),
+    ("Ste 200", "suite two hundred"), ("Fl. 3", "floor three"), ("Rm 12", "room twelve"), ("Cedar Ln", "cedar lane"),
+    ("Pennsylvania Ave NW", "pennsylvania avenue northwest"), ("at 123 N Main St", "at one hundred and twenty three north main street"),
+    ("an apt name", "an apt name"), ("Vitamin E", "vitamin e"),
+    # digit groups that are no range: digit by digit
+    ("SSN 123-45-6789", "ssn one two three four five six seven eight nine"),
+    ("555-123-456-7", "five five five one two three four five six seven"), ("open 24-7", "open twenty four seven"),
+    ("10000-20000 users", "ten thousand to twenty thousand users"),
+])
+def test_context_decides_fractions_ranges_and_addresses(text, said_as):
+    assert spoken(text) == compared(said_as)
+
+
 @pytest.mark.parametrize("text", ["I am here.", "It is 5 o'clock", "Room C is free", "Call me in 5 minutes",
                                   "The V8 engine", "Go to the IV drip"])
 def test_words_that_only_look_like_entities_are_left_alone(text):

@@ -12,19 +12,28 @@ which every engine's words go through. It reads, in this order:
   without a vowel is spelled: ``hr@acme.io`` "H R at acme dot I O"; two-letter country domains
   are spelled, ``co`` and ``me`` said);
 - dates: ISO ``2025-03-14`` and ``3/14/2025`` "March fourteenth, twenty twenty-five"; ``3/14``
-  (month first, the US order; day first when the first number is over 12), ``March 14``,
-  ``14 March``, ``Mar. 14th`` with the day as an ordinal;
+  (month first, the US order; day first when the first number is over 12) where a date reads
+  (:func:`_slash`: ``due 6/12``, ``from 6/1 to 6/5``), ``March 14``, ``14 March``, ``Mar. 14th``
+  with the day as an ordinal;
+- other slashes: ``24/7`` "twenty-four seven", ratings ``9/10`` "nine out of ten", fractions
+  ``1/2``, ``5/16``, ``½`` and mixed numbers ``2 1/2`` "two and a half";
+- ranges, each side read by these rules and "to" between (:func:`_range`: ``$10-$20``,
+  ``10-20%``, ``9am-5pm``; a spaced dash too, :func:`opens_range`), ``Mon-Fri`` "Monday through
+  Friday";
+- street addresses (:func:`_address_word`): ``40 Oak Dr.`` "Drive" but ``Dr. Patel`` "Doctor",
+  USPS street types and unit designators, ``Ft. Worth``, directionals;
 - times: ``5:30pm``, ``5.30pm``, ``5:30 p.m.``, ``17:45``, ``9:05`` ("nine oh five"), ``10am``, ``12:00``
   ("twelve o'clock"), ``pm`` / ``a.m.`` after a time "PM" / "AM";
 - units after a number (``10kg``, ``5 km``, ``2.5GB``, ``72°F``, ``30 mph``, ``500 ml``): the
   unit's name, singular after exactly one (``1 kg`` "one kilogram");
 - ordinals (``21st`` "twenty-first"), percentages (``15%``, ``2.5 %``), version numbers
   (``v2.3.1``, ``version 2.3``, ``iOS 17.2``, ``Python 3.12``: each part a number, "point"
-  between), fractions after no date cue (``1/2`` "one half", ``3/4`` "three quarters");
+  between);
 - codes, letter by letter and digit by digit (a dash is a pause): a word of four or more
   characters that mixes capitals and digits (``XK7-92QZ``, ``A1B2C3``), digits or capitals of
   three or more after a word that names a code (``order 48213``, ``code QZXTR``, ``#48213``
-  "number four eight two one three"), a number of six or more digits;
+  "number four eight two one three"), a number of six or more digits, digit groups joined by
+  dashes, three groups or more (``123-45-6789``, ``4111-1111-1111-1111``);
 - prices, years, Roman numerals and abbreviations as :mod:`myna.text.verbalise` reads them;
 - any other number in words: ``5,000`` "five thousand", ``3.14`` "three point one four",
   ``-5`` "minus five".
@@ -51,8 +60,21 @@ _MONTH_OF = {m.lower(): i for i, m in enumerate(MONTHS, 1)} | {
 WEEKDAYS = frozenset("monday tuesday wednesday thursday friday saturday sunday mon tue tues wed thu thur "
                      "thurs fri sat sun".split())
 #: Words after which ``a/b`` is a date, not a fraction.
-DATE_CUES = frozenset("on by until till from due before after since through thru date dated expires "
-                      "expiry starting ending and to".split()) | WEEKDAYS
+DATE_CUES = frozenset("on by until till from due before after since date dated expires expiry starting "
+                      "ending effective ends starts deadline".split()) | WEEKDAYS
+#: Nouns a date follows ("deadline 6/12", "your appointment is 6/12").
+DATE_NOUNS = frozenset("date deadline appointment birthday delivery meeting anniversary arrival departure "
+                       "checkout check-in renewal payment shipment".split())
+_COPULAS = frozenset("is was are were be falls".split())
+# Words between two dates of a range: "from 6/1 to 6/5" (a date only after a date).
+_DATE_LINKS = frozenset("to and through thru or - – —".split())
+# Denominators read as fractions without a date word ("1/2", "3/8", "5/16"); others are dates.
+_DENOMINATORS = frozenset({2, 3, 4, 5, 6, 8, 10, 12, 16, 32, 64, 100})
+# Scales read as ratings ("9/10" "nine out of ten").
+_RATING_SCALES = frozenset({5, 10, 100})
+# Slashed pairs with a reading of their own.
+_SAYINGS = {(24, 7): "twenty-four seven", (50, 50): "fifty-fifty", (9, 11): "nine eleven"}
+_DASHED_SAYINGS = frozenset({(24, 7), (50, 50)})  # ("24-7" too; "9-11" is a range)
 #: Words after which digits or capitals are a code, read one by one.
 CODE_CUES = frozenset("order confirmation code reference ref ticket account booking reservation tracking "
                       "case id pin invoice number no # serial policy member claim flight room gate "
@@ -89,6 +111,25 @@ _GLUED_ONLY = frozenset({"h", "f", "c", "in.", "m", "g", "l", "w", "v"})
 CURRENCY_CODES = {"usd": ("dollar", "dollars"), "eur": ("euro", "euros"), "gbp": ("pound", "pounds"),
                   "cad": ("Canadian dollar", "Canadian dollars"), "aud": ("Australian dollar", "Australian dollars"),
                   "jpy": ("yen", "yen"), "inr": ("rupee", "rupees"), "chf": ("Swiss franc", "Swiss francs")}
+#: Street types (USPS Publication 28, Appendix C1) read in full after a street name.
+STREET_TYPES = {
+    "ave": "Avenue", "av": "Avenue", "blvd": "Boulevard", "rd": "Road", "ln": "Lane", "ct": "Court",
+    "pl": "Place", "pkwy": "Parkway", "hwy": "Highway", "cir": "Circle", "ter": "Terrace", "trl": "Trail",
+    "sq": "Square", "expy": "Expressway", "fwy": "Freeway", "cres": "Crescent", "aly": "Alley",
+    "xing": "Crossing", "hts": "Heights", "pt": "Point", "plz": "Plaza", "tpke": "Turnpike", "rte": "Route",
+    "ctr": "Center", "mtn": "Mountain", "grv": "Grove", "crk": "Creek", "hwys": "Highways", "cv": "Cove",
+    "jct": "Junction", "sta": "Station", "vlg": "Village", "vly": "Valley", "vw": "View", "brg": "Bridge",
+}
+# Street types that are also titles: (street, title).
+_STREET_OR_TITLE = {"dr": ("Drive", "Doctor"), "st": ("Street", "Saint")}
+#: Unit designators (USPS Publication 28, Appendix C2) read in full before their number.
+UNIT_DESIGNATORS = {"apt": "Apartment", "ste": "Suite", "fl": "Floor", "flr": "Floor", "rm": "Room",
+                    "bldg": "Building", "dept": "Department", "lvl": "Level"}
+#: Directionals of an address.
+DIRECTIONS = {"N": "North", "S": "South", "E": "East", "W": "West", "NE": "Northeast", "NW": "Northwest",
+              "SE": "Southeast", "SW": "Southwest"}
+#: Words whose reading depends on the word after (the normaliser holds them for it).
+NEEDS_NEXT = frozenset(_STREET_OR_TITLE) | frozenset(UNIT_DESIGNATORS) | {"ft"} | {d.lower() for d in DIRECTIONS}
 #: How "am" and "pm" after a time are said.
 AMPM_SAID = {"a": "AM", "p": "PM"}  # (a capital pair: the voices spell it, "A M" has Piper pause)
 #: Two-letter country domains said as a word, not spelled.
@@ -118,7 +159,21 @@ _CODE = re.compile(r"^#?(?=[A-Z0-9-]*\d)(?=[A-Z0-9-]*[A-Z])[A-Z0-9]+(?:-[A-Z0-9]
 _HASH_NUMBER = re.compile(r"^#(?P<n>[A-Z0-9-]+)$")
 _CODE_CHARS = re.compile(r"^[A-Z0-9]+(?:-[A-Z0-9]+)*$")
 _DIGITS_ONLY = re.compile(r"^\d+$")
+_DIGIT_GROUPS = re.compile(r"^\d+(?:-\d+)+$")
 _ANY_DIGIT = re.compile(r"\d")
+_CLOCK_OR_RANGE = re.compile(r"\d{1,2}(?::\d{2})?(?:[-–]\d{1,2}(?::\d{2})?)?")
+_DECIMAL_RATING = re.compile(r"^(?P<a>\d+\.\d+)/(?P<b>\d+)$")
+_RANGE = re.compile(r"^(?P<a>[^-–—]+)[-–—](?P<b>[^-–—]+)$")
+_RANGE_SIDE = re.compile(r"^(?:US\$|[$€£¥₹₨₩])?\d")
+_NUM_RANGE = re.compile(rf"^{_NUM}[-–](?P<n>{_NUM})$")
+_VULGAR_FRACTIONS = {"½": (1, 2), "⅓": (1, 3), "⅔": (2, 3), "¼": (1, 4), "¾": (3, 4), "⅕": (1, 5), "⅛": (1, 8),
+                     "⅜": (3, 8), "⅝": (5, 8), "⅞": (7, 8)}
+_VULGAR = re.compile(rf"^(?P<n>\d+)?(?P<f>[{''.join(_VULGAR_FRACTIONS)}])$")
+# Days and months by their names and abbreviations (ranges: "Mon-Fri").
+_DAY_NAMES = {d: d.title() for d in "monday tuesday wednesday thursday friday saturday sunday".split()} | {
+    "mon": "Monday", "tue": "Tuesday", "tues": "Tuesday", "wed": "Wednesday", "thu": "Thursday",
+    "thur": "Thursday", "thurs": "Thursday", "fri": "Friday", "sat": "Saturday", "sun": "Sunday"} | {
+    name: MONTHS[i - 1] for name, i in _MONTH_OF.items()}
 
 
 class Context:
@@ -161,7 +216,8 @@ def read(word: str, context: Context) -> tuple[str | None, str]:
         punctuation excluded; see :func:`split`), or None when the word is read as written;
         ``kind`` names the rule (``"phone"``, ``"email"``, ``"url"``, ``"date"``, ``"time"``,
         ``"unit"``, ``"ordinal"``, ``"percent"``, ``"version"``, ``"code"``, ``"money"``,
-        ``"number"``, ``"word"``), ``""`` for a word read as written.
+        ``"number"``, ``"word"``; ``"range"``: a word whose dash is said "to", :func:`opens_range`),
+        ``""`` for a word read as written.
 
     >>> read("555-123-4567", Context([], None))
     ('five five five, one two three, four five six seven', 'phone')
@@ -176,8 +232,20 @@ def read(word: str, context: Context) -> tuple[str | None, str]:
     for rule in _RULES:
         got = rule(core, trail, context)
         if got is not None:
-            return got
-    return None, ""
+            break
+    else:
+        got = None, ""
+    if opens_range(word, context.nxt):
+        return f"{got[0] or core} {'and' if context.prev == 'between' else 'to'}", "range"
+    return got
+
+
+def opens_range(word: str, nxt: str | None) -> bool:
+    """Whether ``word`` ends with a dash that opens a range with the word after (``$10–`` then
+    ``$20``, ``9am–`` then ``5pm``): the dash is said "to" (the reader drops it)."""
+    lead, core, trail = split(word)
+    return (trail.startswith(_DASHES) and bool(_RANGE_SIDE.match(core)) and nxt is not None
+            and bool(_RANGE_SIDE.match(split(nxt)[1])))
 
 
 def split(word: str) -> tuple[str, str, str]:
@@ -189,7 +257,8 @@ def split(word: str) -> tuple[str, str, str]:
     return lead, core, trail
 
 
-_SPLIT = re.compile(r"^(?P<lead>[\"'“‘«(\[{¿¡]*)(?P<core>.*?)(?P<trail>[.,;:!?…\"'”’»)\]}]*)$", re.DOTALL)
+_SPLIT = re.compile(r"^(?P<lead>[\"'“‘«(\[{¿¡]*)(?P<core>.*?)(?P<trail>[.,;:!?…–—\"'”’»)\]}]*)$", re.DOTALL)
+_DASHES = ("–", "—")
 
 
 # -- pieces ------------------------------------------------------------------------------------
@@ -303,17 +372,9 @@ def _date(core: str, trail: str, c: Context):
             return f"{MONTHS[mo - 1]} {_ordinal(d)}, {v.year_words(y)}", "date"
         return None
     if m := _SLASH_DATE.match(core):
-        a, b, y = int(m["a"]), int(m["b"]), m["y"]
-        month, day = (a, b) if a <= 12 else (b, a)
-        if not (1 <= month <= 12 and 1 <= day <= 31):
-            return None
-        if y is None and c.prev not in DATE_CUES and a < b and b in (2, 3, 4, 8) and a <= 7:
-            return _fraction(a, b), "number"
-        spoken = f"{MONTHS[month - 1]} {_ordinal(day)}"
-        if y is not None:
-            year = int(y) if len(y) == 4 else 2000 + int(y)
-            spoken += f", {v.year_words(year)}"
-        return spoken, "date"
+        return _slash(int(m["a"]), int(m["b"]), m["y"], c)
+    if (m := _DECIMAL_RATING.match(core)) and int(m["b"]) in _RATING_SCALES:
+        return f"{number(m['a'])} out of {v.cardinal(int(m['b']))}", "number"  # "4.5/5"
     if _DIGITS_ONLY.match(core) or _ORDINAL.match(core):  # a day next to its month
         n = int(re.match(r"\d+", core).group())
         if 1 <= n <= 31 and (c.prev in _MONTH_OF and (c.prev != "may" or c.before[-1][:1] == "M")):
@@ -327,18 +388,75 @@ def _ordinal(n: int) -> str:
     return num2words(n, lang="en", to="ordinal")
 
 
-def _fraction(a: int, b: int) -> str:
+def _fraction(a: int, b: int, mixed: bool = False) -> str:
+    """``a/b`` as a fraction: "one half", "three quarters", "five eighths"; after a whole number
+    (``mixed``: ``2 1/2``) "a half", "a third", "three quarters"."""
     if b in _FRACTIONS:
         name = _FRACTIONS[b][0 if a == 1 else 1]
     else:
         name = _ordinal(b) + ("" if a == 1 else "s")
-    return f"{v.cardinal(a)} {name}" if a != 1 or b != 2 else "one half"
+    if a == 1:
+        return f"a {name}" if mixed else f"one {name}"
+    return f"{v.cardinal(a)} {name}"
+
+
+def _slash(a: int, b: int, year: str | None, c: Context):
+    """``a/b`` or ``a/b/year``: a date only where a date reads, otherwise what a person says.
+
+    A date: with a year, after a date word (``due 6/12``, ``on 3/14``, a weekday), after a range
+    word that follows a date (``from 6/1 to 6/5``), or when nothing else reads (``12/25``,
+    ``7/4``). Otherwise: a saying (``24/7`` "twenty-four seven", ``50/50`` "fifty-fifty"), a
+    rating on a 5, 10 or 100 scale (``9/10`` "nine out of ten", not before "of"), a fraction of a
+    common denominator (``1/2``, ``3/8``, ``5/16``; after a whole number a mixed number: ``2 1/2``
+    "two and a half").
+    """
+    month, day = (a, b) if a <= 12 else (b, a)
+    is_date = 1 <= month <= 12 and 1 <= day <= 31
+    if year is not None:
+        if not is_date:
+            return None
+        full = int(year) if len(year) == 4 else 2000 + int(year)
+        return f"{MONTHS[month - 1]} {_ordinal(day)}, {v.year_words(full)}", "date"
+    if is_date and _dated(c, b):
+        return f"{MONTHS[month - 1]} {_ordinal(day)}", "date"
+    if (a, b) in _SAYINGS:
+        return _SAYINGS[a, b], "number"
+    fraction = 0 < a < b and b in _DENOMINATORS
+    if fraction and c.before and _DIGITS_ONLY.match(c.before[-1]):
+        return _fraction(a, b, mixed=True), "number"
+    if b in _RATING_SCALES and a <= b and c.next != "of":
+        return f"{v.cardinal(a)} out of {v.cardinal(b)}", "number"
+    if fraction:
+        return _fraction(a, b), "number"
+    if is_date:
+        return f"{MONTHS[month - 1]} {_ordinal(day)}", "date"
+    return None
+
+
+def _dated(c: Context, denominator: int) -> bool:
+    """Whether the word after ``c.before`` is in a date's place: after a date word, or after a
+    range word ("to", "and", "-") that follows a date."""
+    if c.prev in DATE_CUES or c.prev in DATE_NOUNS or (c.next == "at" and denominator > 4):
+        return True  # "due 6/12", "the deadline 6/12", "6/12 at noon"
+    if c.prev in _COPULAS and len(c.before) >= 2 and bare(c.before[-2]) in DATE_NOUNS | DATE_CUES:
+        return True  # "the deadline is 6/12"
+    if c.prev in _DATE_LINKS and len(c.before) >= 2 and _SLASH_DATE.match(split(c.before[-2])[1]):
+        earlier = Context(c.before[:-2], c.before[-1])
+        return read(c.before[-2], earlier)[1] == "date"
+    return False
+
+
+def is_mixed_fraction(word: str | None) -> bool:
+    """Whether ``word`` is the fraction of a mixed number when it follows a whole number
+    (``1/2`` in ``2 1/2 cups``)."""
+    m = _SLASH_DATE.match(split(word)[1]) if word else None
+    return bool(m) and m["y"] is None and 0 < int(m["a"]) < int(m["b"]) and int(m["b"]) in _DENOMINATORS
 
 
 def _time(core: str, trail: str, c: Context):
     if _AMPM.match(core):
         prev_core = split(c.before[-1])[1] if c.before else ""
-        if re.fullmatch(r"\d{1,2}(?::\d{2})?", prev_core) and c.before[-1] == prev_core:
+        if _CLOCK_OR_RANGE.fullmatch(prev_core) and c.before[-1] == prev_core:
             return AMPM_SAID[_AMPM.match(core)["ap"].lower()], "time"
         return None
     m = _TIME.match(core)
@@ -376,7 +494,7 @@ def _unit(core: str, trail: str, c: Context):
             return f"{said} {names[1] if _plural_after(m['n']) else names[0]}", "unit"
     if c.before:  # a unit after its number: "5 km"
         prev_core = split(c.before[-1])[1]
-        if (pm := _NUMBER.match(prev_core)) and c.before[-1] == prev_core:
+        if (pm := _NUMBER.match(prev_core) or _NUM_RANGE.match(prev_core)) and c.before[-1] == prev_core:
             names = _unit_name(core + ("." if core == "in" and trail.startswith(".") else ""), False)
             if names and core not in ("in", "m", "min") or (names and core == "min"):
                 return names[1] if _plural_after(pm["n"]) else names[0], "unit"
@@ -424,6 +542,8 @@ def _code(core: str, trail: str, c: Context):
         return spell(core), "code"
     if _DIGITS_ONLY.match(core) and len(core) >= 6:
         return digits(core), "code"
+    if _DIGIT_GROUPS.match(core) and core.count("-") >= 2:
+        return spell(core), "code"  # "123-45-6789", "4111-1111-1111-1111": digit by digit, a pause between groups
     if re.fullmatch(r"\d{5}", core) and not v._looks_plural(c.next):
         return digits(core), "code"  # a ZIP code, an order number
     return None
@@ -434,7 +554,63 @@ def _money(core: str, trail: str, c: Context):
     return (spoken, "money") if spoken else None
 
 
+def _address_word(core: str, trail: str, c: Context):
+    """Street types, unit designators, directionals and the titles that share their letters,
+    decided by their neighbours (USPS Publication 28's suffix and unit abbreviations):
+
+    - ``Dr.`` / ``St.``: a street type (Drive, Street) after a house number or a street name
+      (``40 Oak Dr.``, ``Elm St. is closed``), a title (Doctor, Saint) before a name after any
+      other word (``Dr. Patel``, ``in St. Louis``);
+    - a capitalised street type after a street name or number, or with its stop (``Mill Rd.``
+      "Road", ``5th Ave`` "Avenue", ``Sunset Blvd``); ``Ft.`` before a name "Fort";
+    - a unit designator before its number (``Apt. 4`` "Apartment", ``Ste 200``, ``Fl. 3``,
+      ``Rm 12``); ``Apt.`` and ``Bldg.`` with their stop anywhere;
+    - ``N``, ``SW``… after a street type (``Pennsylvania Ave NW``) or between a house number and
+      a name (``123 N Main St``) "North", "Southwest".
+    """
+    if not core[:1].isupper():
+        return None
+    key = core.lower()
+    dotted = trail.startswith(".")
+    before = split(c.before[-1])[1] if c.before else ""
+    nxt = split(c.nxt)[1] if c.nxt is not None else ""
+    if key in _STREET_OR_TITLE:
+        street, title = _STREET_OR_TITLE[key]
+        after_street = _names_a_street(c)
+        if after_street or (before[:1].isupper() and not nxt[:1].isupper()):
+            return street, "word"
+        return title, "word"
+    if key in STREET_TYPES and (dotted or _names_a_street(c, sentence_start=True)):
+        return STREET_TYPES[key], "word"
+    if key == "ft" and not (c.before and c.before[-1] == before and _NUMBER.match(before)) and (
+            dotted or nxt[:1].isupper()):  # ("5 Ft." is feet: the unit rule)
+        return "Fort", "word"
+    if key in UNIT_DESIGNATORS and (nxt[:1].isdigit() or nxt[:1] == "#" or (dotted and key in ("apt", "bldg", "dept"))):
+        return UNIT_DESIGNATORS[key], "word"
+    if core in DIRECTIONS and (before.lower() in STREET_TYPES or before.lower() in _STREET_OR_TITLE
+                               or (_DIGITS_ONLY.match(before) and nxt[:1].isupper())):
+        return DIRECTIONS[core], "word"
+    return None
+
+
+def _names_a_street(c: Context, sentence_start: bool = False) -> bool:
+    """Whether the word before is a house number, an ordinal (``5th``) or a capitalised name
+    (``Oak`` in ``40 Oak Dr.``; one that starts a sentence only with ``sentence_start``)."""
+    if not c.before:
+        return False
+    word = split(c.before[-1])[1]
+    if word != c.before[-1]:
+        return False  # "John, Dr. Lee": punctuation between
+    if _DIGITS_ONLY.match(word) or _ORDINAL.match(word):
+        return True
+    starts_sentence = len(c.before) < 2 or c.before[-2].rstrip("\"'”’)]").endswith((".", "!", "?"))
+    return word[:1].isupper() and word.isalpha() and (sentence_start or not starts_sentence)
+
+
 def _classic(core: str, trail: str, c: Context):
+    spoken = _address_word(core, trail, c)
+    if spoken:
+        return spoken
     prev = c.prev
     spoken = v._year(core, prev, c.nxt, c.before)
     if spoken:
@@ -443,13 +619,41 @@ def _classic(core: str, trail: str, c: Context):
     return (spoken, "word") if spoken else None
 
 
+def _range(core: str, trail: str, c: Context):
+    """``a-b``: each side read as the rule book reads it, "to" between (``$10-$20`` "ten to twenty
+    dollars", ``10-20%``, ``9am-5pm`` "nine AM to five PM", ``5-10``); days and months "through"
+    (``Mon-Fri`` "Monday through Friday"). A unit both sides share is said once, after the second."""
+    m = _RANGE.match(core)
+    if not m:
+        return None
+    a, b = m["a"], m["b"]
+    if (first := _DAY_NAMES.get(a.lower())) and (last := _DAY_NAMES.get(b.lower())):
+        return f"{first} through {last}", "date"
+    if not (_RANGE_SIDE.match(a) and _RANGE_SIDE.match(b)):
+        return None
+    if a.isdigit() and b.isdigit() and (int(a), int(b)) in _DASHED_SAYINGS:
+        return _SAYINGS[int(a), int(b)], "number"  # "24-7", "50-50"
+    left, left_kind = read(a, Context(c.before, c.nxt))
+    right, _ = read(b, Context([*c.before, a], c.nxt))
+    if left is None or right is None:
+        return None
+    head, _, unit = left.rpartition(" ")
+    if head and left_kind in ("money", "percent", "unit", "time") and right.endswith(" " + unit):
+        left = head  # "ten dollars to twenty dollars" → "ten to twenty dollars"
+    return f"{left} {'and' if c.prev == 'between' else 'to'} {right}", "number"
+
+
 def _plain_number(core: str, trail: str, c: Context):
     if m := _NUMBER.match(core):
         said = number(m["n"], m["sign"])
+        if said and "." not in m["n"] and not m["sign"] and is_mixed_fraction(c.nxt):
+            return f"{said} and", "number"  # "2 1/2": "two and a half"
         return (said, "number") if said else None
-    if re.fullmatch(r"\d+-\d+", core):  # a range: "5-6" → "five to six"
-        a, b = core.split("-")
-        return f"{v.cardinal(int(a))} to {v.cardinal(int(b))}", "number"
+    if m := _VULGAR.match(core):
+        a, b = _VULGAR_FRACTIONS[m["f"]]
+        if m["n"] is None:
+            return _fraction(a, b), "number"
+        return f"{number(m['n'])} and {_fraction(a, b, mixed=True)}", "number"
     if re.search(r"\d", core) and re.fullmatch(r"[A-Za-z0-9]+", core):  # "4G", "mp3", "b2b"
         return " ".join(v.cardinal(int(p)) if p.isdigit() else (" ".join(p.upper()) if p.isupper() else p)
                         for p in re.findall(r"[A-Za-z]+|\d+", core)), "number"
@@ -457,4 +661,4 @@ def _plain_number(core: str, trail: str, c: Context):
 
 
 _RULES = (_phone, _email, _url, _date, _time, _money, _unit, _ordinal_rule, _percent, _version, _code,
-          _classic, _plain_number)
+          _classic, _range, _plain_number)

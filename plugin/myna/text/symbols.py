@@ -9,7 +9,8 @@ What is kept:
 - letters, digits and combining marks (a mark only on a kept letter or digit);
 - clause and sentence punctuation ``. , ; : ! ?``, quotes and apostrophes (``' " ‘ ’ “ ” « »``),
   ``… — – ¿ ¡``, so ``3.14``, ``10:30``, ``5,000``, ``don't`` and ``"Hi,"`` survive;
-- ``-`` inside a word (``well-known``, ``5-6``) and before a number (``-5``); ``/`` between
+- ``-`` inside a word (``well-known``, ``5-6``, ``$10-$20``) and before a number (``-5``); a
+  spaced ``-`` after a word with a digit is a range's dash (``$10 - $20`` → ``$10–`` ``$20``); ``/`` between
   digits (``1/2``); ``&`` and ``@`` between letters (``AT&T``, emails); a lone ``&`` becomes ``and``;
 - ``%``, ``°`` and the currency signs espeak-ng reads aloud in English (``$ ¢ £ ¥ € ₹ ₨ ₩``):
   ``$5`` is "five dollars" to the front-end. Other currency signs (``₿``, ``₽``…) are silent
@@ -55,6 +56,7 @@ _TRAILING = _CLAUSE_END | frozenset(")]}’”»%°")
 # Pure punctuation that may attach to the previous word ("wait ..." -> "wait...").
 _ATTACHABLE = _CLAUSE_END | frozenset(_CLOSERS) | frozenset("%")
 # Variation selectors (emoji/text presentation), dropped even though they are marks.
+_DIGIT = re.compile(r"\d")
 _VARIATION = re.compile(r"[\ufe00-\ufe0f\U000e0100-\U000e01ef]")
 
 _FENCE = re.compile(r"^(```|~~~)")
@@ -168,6 +170,9 @@ def append_word(words: list[str], raw: str, is_open: bool) -> bool:
         Whether ``words[-1]`` may still take trailing punctuation: true after a speakable word
         that does not end a clause, false once a raw word with a letter or digit follows it.
     """
+    if raw in ("-", "–") and is_open and _DIGIT.search(words[-1]):
+        words[-1] += "–"  # "$10 - $20", "9am - 5pm": a range's dash (said "to" by the normaliser)
+        return False
     if has_speech(raw):
         is_open = False
     for piece in normalise_word(raw).split():
@@ -220,6 +225,8 @@ def _keep_punct(ch: str, prev: str, nxt: str) -> bool:
     if ch in _KEEP or ch in CURRENCY:
         return True
     if ch == "-":
+        if prev.isdigit() and nxt in CURRENCY:
+            return True  # a range of amounts: "$10-$20"
         return nxt.isalnum() and (prev.isalnum() or (prev in ("", *CURRENCY) and nxt.isdigit()))
     if ch == "/":
         return prev.isdigit() and nxt.isdigit()
