@@ -51,6 +51,33 @@ async def test_phoneme_ipa_is_read_as_given(engine, whisper):
     assert "potato" in heard and "banana" not in heard, heard
 
 
+@pytest.mark.parametrize("before, ipa, after, word", [
+    ("Pass the", "ˈbʌtər", ", please.", "butter"),
+    ("A glass of", "/ˈwɔtər/", " please.", "water"),
+    ("Go to the", "t͡ʃɝːt͡ʃ", " now.", "church"),
+    ("I saw a", "bɝd", " today.", "bird"),
+])
+async def test_phoneme_ipa_as_dictionaries_write_it_is_heard(engine, whisper, before, ipa, after, word):
+    """Stress before the syllable, plain r, tie bars, ɝ, slashes (issue: IPA as people write it):
+    the voice reads it in espeak-ng's notation (myna.text.ipa). Handed over as written, Whisper
+    heard "past the about a", "a glass of oil", "go to the channel", "i saw abe"."""
+    heard, words = await spoken(engine, whisper, f'{before} <phoneme alphabet="ipa" ph="{ipa}">thing</phoneme>{after}')
+    assert words == [*before.split(), "thing", *after.strip(" ,.").split()]
+    assert word in heard and "thing" not in heard, heard
+
+
+async def test_ipa_symbols_the_voice_lacks_are_left_out_and_reported_once_a_turn(engine):
+    stream = engine.stream()
+    stream.push_text('Some <phoneme alphabet="ipa" ph="ˈbʌʬtər">butter</phoneme> and '
+                     '<phoneme alphabet="ipa" ph="ʬ">jam</phoneme> and <phoneme ph="ˈʬwɔtər">water</phoneme>.')
+    stream.end_input()
+    items = await collect(stream)
+    errors = [i for i in items if isinstance(i, ErrorEvent)]
+    assert [e.code for e in errors] == ["phonemes_ignored"] and "ʬ" in errors[0].message, errors
+    assert [i.word for i in items if isinstance(i, WordEvent)] == ["Some", "butter", "and", "jam", "and", "water"]
+    assert sum(len(i.pcm) for i in items if isinstance(i, AudioChunk)) > engine.sample_rate  # the rest is spoken
+
+
 async def test_an_engine_that_cannot_take_phonemes_reads_the_word_and_says_so_once():
     class Plain(SynthesisStream):
         def __init__(self):

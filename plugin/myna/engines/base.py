@@ -72,7 +72,7 @@ class WordEvent:
 
 #: Error codes a turn survives (:class:`ErrorEvent`): the ``error`` event is followed by the
 #: rest of the turn's audio and its ``turn_done``.
-NON_FATAL_CODES = frozenset({"unsupported_language", "unit_failed"})
+NON_FATAL_CODES = frozenset({"unsupported_language", "unit_failed", "phonemes_ignored"})
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,10 @@ class ErrorEvent:
 
     Codes (:data:`NON_FATAL_CODES`): ``unsupported_language`` (words in a script the voice
     cannot read were left out; the message names the script), ``unit_failed`` (one unit's
-    synthesis failed twice: its words were left out, the units after it are spoken).
+    synthesis failed twice: its words were left out, the units after it are spoken),
+    ``phonemes_ignored`` (IPA given in ``<phoneme>`` or the lexicon was not read: the engine
+    takes no phonemes and read the written word, or the voice has no phoneme for some of its
+    symbols, which were left out; the message names them).
     """
 
     code: str

@@ -57,6 +57,7 @@ from myna.engines.scheduler import HORIZON_S, DeadlineScheduler
 from myna.text.scripts import LATIN
 from myna.text import ClauseChunker, Pause, SentenceChunker, WholeChunker
 from myna.text import said
+from myna.text.ipa import IpaReader
 from myna.text.symbols import ends_clause
 from myna.text.verbalise import drop_stop, inner_stops
 
@@ -191,6 +192,7 @@ class PiperEngine(Engine):
         self.order = TurnOrder()  # a group's turns are synthesised one after another, as they will play
         self._voice = None  # the default voice's SplitVoice once loaded
         self._voices: dict = {}  # name → SplitVoice once loaded
+        self._ipa: dict[str, IpaReader] = {}  # name → its IpaReader (ipa_reader)
         self.phrase_cache = None  # a PhraseCache once the worker attaches one (use_phrase_cache)
         self.strategy = "clause"
         self._starting: asyncio.Task | None = None
@@ -230,6 +232,20 @@ class PiperEngine(Engine):
         (:func:`scripts_for_language`): words in any other are left out (``unsupported_language``)."""
         info = self._info.get(voice or self.voice_name) or self._info[self.voice_name]
         return frozenset(info["scripts"])
+
+    def ipa_reader(self, voice: str | None = None) -> IpaReader:
+        """How ``voice`` (a name; None: the default) reads IPA given in ``<phoneme>`` tags and
+        lexicon entries (:mod:`myna.text.ipa`): normalised to espeak-ng's notation for the
+        voice's espeak language, symbols outside its ``phoneme_id_map`` left out. Call once
+        the engine has started."""
+        name = voice or self.voice_name
+        reader = self._ipa.get(name)
+        if reader is None:
+            config = (self._voices.get(name) or self._voice).config
+            symbols = {ch for key in config.phoneme_id_map for ch in key}  # (a cluster's code points too)
+            espeak = getattr(config.phoneme_type, "value", config.phoneme_type) == "espeak"
+            reader = self._ipa[name] = IpaReader(symbols, config.espeak_voice if espeak else None)
+        return reader
 
     def voice_catalogue(self) -> list[dict]:
         """Each voice: ``name``, ``language`` (its config's, e.g. ``en_US``), ``sample_rate``
@@ -376,7 +392,8 @@ def _letters(spoken: str) -> str:
 
 def _phonemes(split, text: str) -> list[list[str]]:
     """The text's phonemes by sentence (:meth:`myna.engines.vits.SplitVoice.phonemes`), with
-    IPA given between :data:`myna.text.said.IPA` marks taken as it is (one word each)."""
+    IPA given between :data:`myna.text.said.IPA` marks taken as it is (the stream has put it in
+    the voice's notation: :meth:`PiperStream._given`), one symbol a phoneme."""
     if said.IPA not in text:
         return split.phonemes(text)
     sentences: list[list[str]] = [[]]
@@ -562,7 +579,7 @@ class PiperStream(SynthesisStream):
             lane: it measures a pipeline that speaks only once the reply is synthesised).
     """
 
-    reads_marked_words = True  # <sub> and lexicon respellings are verbalised as given, <phoneme> IPA is read as is
+    reads_marked_words = True  # <sub> and lexicon respellings are verbalised as given, IPA in the voice's notation
 
     def __init__(self, engine: PiperEngine, group: object = None, chunker=None, release_at_end: bool = False,
                  voice: str | None = None, **intake):
@@ -681,10 +698,29 @@ class PiperStream(SynthesisStream):
         # The front end marked what is said otherwise (myna.text.normaliser); the voice
         # is not given a full stop that ends no sentence ("Mr. Smith", "Jr. was").
         spoken = [drop_stop(form) if inner else form
-                  for form, inner in zip((_letters(given) if given is not None else word
-                                          for word, (_, given) in zip(words, map(said.split, words))),
+                  for form, inner in zip((self._given(plain, given) if given is not None else word
+                                          for word, (plain, given) in zip(words, map(said.split, words))),
                                          inner_stops(written, self._said))]
         return _Unit(words, spoken)
+
+    def _given(self, written: str, given: str) -> str:
+        """A word's given spoken form as the voice reads it: words (:func:`_letters`), or IPA
+        in the voice's own notation (:meth:`PiperEngine.ipa_reader`). Symbols the voice has no
+        phoneme for are left out, and the turn gets one ``error`` ``phonemes_ignored`` naming
+        them; IPA with nothing left is read as the written word."""
+        if said.IPA not in given:
+            return _letters(given)
+        reader = self._engine.ipa_reader(self.voice)
+        parts = given.split(said.IPA)
+        for k in range(1, len(parts), 2):
+            phonemes, unknown = reader.read(parts[k])
+            if unknown and "ipa symbols" not in self._reported_scripts:
+                self._reported_scripts.add("ipa symbols")
+                self._emit(ErrorEvent("phonemes_ignored", f"the voice {self.voice} has no phoneme for "
+                                                          f"{' '.join(sorted(unknown))} (IPA given for {written!r}): "
+                                                          "left out, here and in the rest of this turn"))
+            parts[k] = f"{said.IPA}{phonemes}{said.IPA}" if phonemes else written
+        return "".join(parts)
 
     def _cache_key(self) -> str:
         return self.voice if self.speed == 1.0 else f"{self.voice}@{self.speed:g}"  # (cached by voice and pace)

@@ -8,9 +8,10 @@ Entries (:class:`Entry`) match one written word, its punctuation stripped (``Myn
 - a *regex* entry's pattern must match the whole word (Python :mod:`re`; any case unless exact);
   its respelling may use the pattern's groups (``\\1``); word entries are tried first, then the
   regex entries in order;
-- the spoken form is a *respelling* (words the voice reads) or *IPA* (phonemes as espeak-ng
-  writes them, e.g. ``pətˈeɪɾoʊ``; Piper reads them as given, an engine that cannot says
-  ``phonemes_ignored`` and reads the word).
+- the spoken form is a *respelling* (words the voice reads) or *IPA* (as a dictionary or
+  espeak-ng writes it, ``ˈbʌtər`` or ``bˈʌɾɚ``; Piper puts it in its voice's notation,
+  :mod:`myna.text.ipa`; an engine that cannot take phonemes says ``phonemes_ignored`` and
+  reads the word).
 
 The file (``myna serve --lexicon FILE``), one entry a line (UTF-8; ``#`` starts a comment)::
 
