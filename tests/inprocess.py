@@ -3,12 +3,15 @@
 ``ToneEngine`` says each word as a 440 Hz tone of ``word_ms`` (default 120 ms; a word the
 normaliser marked, one tone per spoken word) and emits a ``WordEvent`` per written word; ``pcm`` lets a test hand out chunks of any shape (a broken engine).
 :func:`app_client` serves the worker's app with such engines to aiohttp's test client.
-``ManualTimer`` is a virtual clock and ``call_later`` for streams.
+``ManualTimer`` is a virtual clock and ``call_later`` for streams. :class:`Balancer` is a TCP
+load balancer on loopback (round robin per accepted connection, as a rolling restart sees one).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -104,6 +107,123 @@ async def app_client(*engines: Engine) -> AsyncIterator[TestClient]:
     async with TestClient(TestServer(create_app(worker))) as client:
         await worker.loading
         yield client
+
+
+class Balancer:
+    """A TCP load balancer on 127.0.0.1 (a plain byte pipe, no HTTP): each accepted connection
+    goes to the next of ``targets`` (``(host, port)``), round robin, and stays there for its
+    whole life, as behind a TCP proxy in front of several workers. Use as ``async with
+    Balancer(a, b) as url``; set :attr:`targets` (or :attr:`target`, one) at any time.
+
+    Attributes:
+        chosen: the target of every connection accepted so far, in order.
+    """
+
+    def __init__(self, *targets: tuple[str, int]):
+        self.targets = list(targets)
+        self.chosen: list[tuple[str, int]] = []
+        self._server: asyncio.AbstractServer | None = None
+        self._pipes: set[asyncio.Task] = set()
+
+    @property
+    def target(self) -> tuple[str, int]:
+        """The next connection's target."""
+        return self.targets[len(self.chosen) % len(self.targets)]
+
+    @target.setter
+    def target(self, target: tuple[str, int]) -> None:
+        self.targets = [target]
+
+    async def __aenter__(self) -> str:
+        self._server = await asyncio.start_server(self._accepted, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    async def __aexit__(self, *exc) -> None:
+        self._server.close()
+        for task in list(self._pipes):
+            task.cancel()
+        await asyncio.gather(*self._pipes, return_exceptions=True)
+
+    def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        target = self.target
+        self.chosen.append(target)
+        task = asyncio.get_running_loop().create_task(self._pipe(target, reader, writer))
+        self._pipes.add(task)
+        task.add_done_callback(self._pipes.discard)
+
+    @staticmethod
+    async def _pipe(target: tuple[str, int], reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*target)
+        except OSError:
+            writer.close()
+            return
+
+        async def copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            # (either side closing closes the other: a worker that closes a connection closes it
+            # for the client too)
+            with contextlib.suppress(ConnectionError, OSError):
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            with contextlib.suppress(Exception):
+                dst.close()
+
+        try:
+            await asyncio.gather(copy(reader, up_writer), copy(up_reader, writer))
+        finally:
+            for w in (writer, up_writer):
+                w.close()
+
+
+def address(url: str) -> tuple[str, int]:
+    """``(host, port)`` of ``http://host:port``."""
+    host, port = url.removeprefix("http://").split(":")
+    return host, int(port)
+
+
+def post(path: str, body: dict) -> bytes:
+    """A kept-alive HTTP/1.1 POST of ``body`` as JSON, as raw bytes."""
+    data = json.dumps(body).encode()
+    return (f"POST {path} HTTP/1.1\r\nHost: myna\r\nConnection: keep-alive\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\n\r\n").encode() + data
+
+
+#: Raw requests for a door (:func:`exchange`, :func:`refused_and_closed`): a WebSocket upgrade
+#: of ``/v1/tts/stream``, a speech request, a WebRTC offer (its SDP bad: refused or 400), a
+#: liveness probe.
+WS_UPGRADE = (b"GET /v1/tts/stream HTTP/1.1\r\nHost: myna\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+              b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+SPEECH = post("/v1/audio/speech", {"model": "tts-1", "input": "Hello there.", "voice": "alloy"})
+OFFER = post("/api/offer", {"sdp": "v=0\r\n", "type": "offer"})
+LIVEZ = b"GET /livez HTTP/1.1\r\nHost: myna\r\n\r\n"
+
+
+async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes) -> tuple[int, dict]:
+    """Send ``request`` on an open connection, read one response: (status, lower-cased headers)."""
+    writer.write(request)
+    await writer.drain()
+    head = (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)).decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in head[1:] if line)}
+    if "content-length" in headers:
+        await asyncio.wait_for(reader.readexactly(int(headers["content-length"])), 5)
+    return int(head[0].split()[1]), headers
+
+
+async def refused_and_closed(url: str, request: bytes) -> tuple[int, dict]:
+    """``request`` on a new TCP connection to ``url``: (status, headers), once the worker has
+    closed the connection after its answer (EOF; fails if it does not within 5 s).
+
+    Raises:
+        AssertionError: bytes came after the answer instead of the close.
+    """
+    reader, writer = await asyncio.open_connection(*address(url))
+    try:
+        status, headers = await exchange(reader, writer, request)
+        assert await asyncio.wait_for(reader.read(), 5) == b"", "bytes after the refusal"  # EOF: closed
+        return status, headers
+    finally:
+        writer.close()
 
 
 class ManualTimer:

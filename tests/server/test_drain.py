@@ -14,6 +14,7 @@ import urllib.request
 import aiohttp
 import pytest
 
+from inprocess import OFFER, SPEECH, WS_UPGRADE, refused_and_closed
 from myna.rtc.client import MynaClient
 
 pytestmark = pytest.mark.network
@@ -68,6 +69,29 @@ async def test_sigterm_mid_turn_finishes_the_turn_refuses_new_sessions_and_exits
         worker.stop()
     log = worker.log_path.read_text()
     assert "draining: 1 session(s) speaking" in log
+
+
+async def test_after_sigterm_every_door_s_503_says_connection_close_and_closes_the_socket(start_worker):
+    """A rolling restart behind a TCP load balancer: a refused client retries on a new
+    connection (perhaps to another worker) only if the refusal did not keep its connection."""
+    worker = start_worker("--peer-timeout", "3", "--max-sessions", "8", "--drain-timeout", "30")
+    try:
+        client, turn = await speaking_client(worker.url)  # the worker drains until this turn is done
+        async with aiohttp.ClientSession() as http:
+            idle = await http.ws_connect(worker.url.replace("http", "ws") + "/v1/tts/stream")
+            assert (await idle.receive_json())["type"] == "ready"
+            worker.proc.send_signal(signal.SIGTERM)
+            assert (await idle.receive(timeout=5)).type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+        for request in (WS_UPGRADE, SPEECH, OFFER):  # (the idle WebSocket's 1001 says the drain began)
+            status, headers = await refused_and_closed(worker.url, request)
+            assert (status, headers["connection"].lower()) == (503, "close")
+            assert headers.get("myna-error") == (None if request is SPEECH else "draining")
+        assert not turn.done()  # all of it while draining
+        assert (await turn).events[-1]["type"] == "turn_done"
+        await client.close()
+        assert worker.proc.wait(timeout=30) == 0
+    finally:
+        worker.stop()
 
 
 async def test_a_second_signal_exits_at_once(start_worker):

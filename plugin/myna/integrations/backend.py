@@ -67,6 +67,9 @@ HEARTBEAT_S = 10.0
 #: worker) may succeed: the plug-ins report them as retryable.
 RETRYABLE_CODES = frozenset({"connection_failed", "connection_lost", "draining", "full", "not_ready", "unavailable",
                              "rate_limited", "heartbeat_timeout"})
+#: Codes of a worker's refusal at the WebSocket upgrade (503) that another worker behind the same
+#: URL may not give: the backend tries once more at once, on a new TCP connection.
+REFUSED_HERE_CODES = frozenset({"draining", "full", "not_ready", "unavailable"})
 #: Most characters of text in one message (the contract's messages are at most 16 KiB of JSON;
 #: a character escaped as a surrogate pair takes 12 bytes).
 MAX_MESSAGE_CHARS = 1000
@@ -449,7 +452,8 @@ class RemoteBackend(Backend):
         engine_name: engine on the worker (None: its default).
         voice: voice name (None: the engine's default).
         sample_rate: rate the worker resamples to (Hz).
-        session: an ``aiohttp.ClientSession`` to use (None: the backend owns one).
+        session: an ``aiohttp.ClientSession`` to use (None: the backend owns one, which never
+            keeps a refused connection for reuse).
         heartbeat: seconds between this side's pings on each connection (None:
             :data:`HEARTBEAT_S`); a worker that has not answered one within half of it (frozen,
             or gone without a close) fails the turn in progress with the retryable
@@ -459,6 +463,11 @@ class RemoteBackend(Backend):
             see :class:`myna.access.Credentials`). A refused token fails :meth:`start` and
             :meth:`open_turn` with :class:`MynaError` ``token_required``, ``bad_token`` or
             ``forbidden``, its message naming the fix.
+
+    A connection the worker refuses with 503 (``draining``, ``full``, ``not_ready``: see
+    :data:`REFUSED_HERE_CODES`) is tried once more at once, on a new TCP connection: behind a
+    load balancer that is another worker (the worker closes a refused connection, and the
+    backend's own session keeps none for reuse). A second refusal is raised, retryable.
     """
 
     def __init__(self, url: str, *, engine_name: str | None = None, voice: str | None = None,
@@ -519,8 +528,26 @@ class RemoteBackend(Backend):
             raise MynaError("unknown_voice", f"the worker has no voice {voice!r}; available: {', '.join(sorted(known))}")
 
     async def _connect(self) -> "_Connection":
+        """A new connection, ready for a turn; one refused with 503 is tried once more at once,
+        on a new TCP connection (behind a load balancer: another worker).
+
+        Raises:
+            MynaError: the refusal or failure (``RETRYABLE_CODES`` where a later try may succeed).
+        """
+        try:
+            return await self._connect_once()
+        except MynaError as exc:
+            if exc.code not in REFUSED_HERE_CODES:
+                raise
+            log.info("%s refused the connection (%s); trying once more on a new connection", self.url, exc.code)
+        return await self._connect_once()
+
+    async def _connect_once(self) -> "_Connection":
         if self._session is None:
-            self._session = aiohttp.ClientSession()
+            # force_close: a connection is never reused after a response that was not an
+            # upgrade (a refusal): a retry opens a new one, which a load balancer may send to
+            # another worker. (An upgraded connection is the WebSocket's, unaffected.)
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
         config = {"type": "config", "sample_rate": self.sample_rate}
         if self.engine_name is not None:
             config["engine"] = self.engine_name

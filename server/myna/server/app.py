@@ -26,6 +26,13 @@ Graceful drain (:meth:`Worker.drain`): readiness turns 503 ``draining``, new off
 WebSocket connections get 503, sessions refuse new turns (``error`` ``draining``) and the turns
 already speaking finish, up to a timeout; idle WebSocket connections are closed at once with
 1001, busy ones once their turns are done; then the app's cleanup closes everything.
+
+A refusal that sends the client elsewhere (every 503 and 429, on any door: a refused WebSocket
+upgrade, ``POST /v1/audio/speech``, ``POST /api/offer``, ``/healthz``), and every response of
+a draining worker, closes its TCP connection (``Connection: close``, then the socket is
+closed; :func:`close_connection_when_refused`): behind a TCP load balancer a client's retry
+then opens a new connection, which may reach another worker, instead of coming back to this
+one over the kept-alive connection of its refusal.
 """
 
 from __future__ import annotations
@@ -61,6 +68,9 @@ WORKER_KEY = web.AppKey("worker", "Worker")
 MAX_HEADER_BYTES = 256 * 1024
 #: Response header naming the contract error code of every refusal (the body has it too).
 ERROR_HEADER = "Myna-Error"
+#: Statuses of a refusal another worker may not give (503: draining, full, starting; 429: over
+#: a client's sessions or offer rate here): the response closes its connection.
+RETRY_ELSEWHERE_STATUSES = frozenset({429, 503})
 
 
 @dataclass
@@ -214,6 +224,21 @@ def _error_response(status: int, code: str, message: str, retry_after: int | Non
     return web.json_response({"error": {"code": code, "message": message}}, status=status, headers=headers)
 
 
+def close_connection_when_refused(response: web.StreamResponse, draining: bool = False) -> None:
+    """Mark ``response`` to close its TCP connection (``Connection: close``; the server closes
+    the socket once it is sent) when it is a refusal in :data:`RETRY_ELSEWHERE_STATUSES`, or
+    when the worker is ``draining`` (an accepted WebSocket upgrade excepted: its connection
+    is the WebSocket). Called for every response before its headers go out
+    (``on_response_prepare``); any door may call it on a response it writes itself."""
+    if response.status in RETRY_ELSEWHERE_STATUSES or (draining and response.status != 101):
+        response.force_close()
+        response.headers["Connection"] = "close"  # (aiohttp set its headers before the hook ran)
+
+
+async def _on_response_prepare(request: web.Request, response: web.StreamResponse) -> None:
+    close_connection_when_refused(response, request.app[WORKER_KEY].draining)
+
+
 @web.middleware
 async def _json_errors(request: web.Request, handler):
     try:
@@ -328,6 +353,7 @@ def create_app(worker: Worker) -> web.Application:
     app = web.Application(middlewares=[_json_errors], client_max_size=256 * 1024,
                           handler_args={"max_line_size": MAX_HEADER_BYTES, "max_field_size": MAX_HEADER_BYTES})
     app[WORKER_KEY] = worker
+    app.on_response_prepare.append(_on_response_prepare)  # refusals close their connections
     app.router.add_post("/api/offer", _offer)
     app.router.add_patch("/api/offer", _patch_offer)
     app.router.add_get("/healthz", _healthz)
