@@ -486,6 +486,16 @@ class Session:
         its turns' next synthesis jobs (:meth:`myna.engines.base.Engine.stream`, ``group``)."""
         return self._output.audio_runs_out_at()
 
+    @property
+    def synthesis_ahead(self) -> Callable[[], bool] | None:
+        """Whether this session's synthesis may run ahead of real time: None when someone
+        listens in real time (the synthesis horizon holds it), else a callable asked before each
+        job that would run beyond the horizon (the output's ``ahead``: an
+        :class:`~myna.audio.unpaced.UnpacedOutput` whose consumer keeps every piece, e.g. a
+        ``POST /v1/audio/speech`` download). Engines that schedule by deadline read it from
+        the stream's ``group`` (:mod:`myna.engines.scheduler`, ahead jobs)."""
+        return getattr(self._output, "ahead", None)
+
     async def _pump(self, turn: _Turn) -> None:
         """Move one turn's engine output into the session's output."""
         try:

@@ -14,7 +14,7 @@ import pytest
 
 from myna.engines import AudioChunk
 from myna.engines.piper import CHUNK_FRAMES, FIRST_CHUNK_FRAMES, PiperEngine, UnitLatent
-from myna.engines.scheduler import DeadlineScheduler, lower_thread_priority
+from myna.engines.scheduler import AHEAD_DUE_S, DeadlineScheduler, lower_thread_priority
 
 
 class Clock:
@@ -116,6 +116,88 @@ async def test_a_session_beyond_the_horizon_waits_even_with_an_idle_thread():
     scheduler.shutdown()
 
 
+async def test_a_background_job_never_runs_before_a_due_real_time_job_and_runs_beyond_the_horizon_when_idle():
+    """An ahead job (a file download's) runs far beyond the horizon on an idle thread, but
+    never while a job within the horizon waits for a synthesis thread; once due it is ordered
+    by its deadline like any job."""
+    clock, timers = Clock(), Timers()
+    scheduler = DeadlineScheduler(1, "test", clock=clock, horizon_s=3.0, call_later=timers, background_threads=1)
+    ran: list[tuple[str, str]] = []
+
+    def note(name):
+        ran.append((name, threading.current_thread().name))
+
+    # idle: a job 60 s ahead runs at once as background work; a real-time one as far ahead waits
+    held = asyncio.ensure_future(scheduler.run(note, "real-time, far", deadline=clock.t + 60.0))
+    await scheduler.run(note, "ahead, far", deadline=clock.t + 60.0, ahead=True)
+    assert [name for name, _ in ran] == ["ahead, far"] and ran[0][1].startswith("test-bg")
+    assert scheduler.queued == 1 and not held.done() and scheduler.background_runs == 1
+    held.cancel()
+
+    # a due real-time job waiting for the synthesis thread: no background job starts before it
+    ran.clear()
+    gate, first = await _blocked(scheduler)
+    due = asyncio.ensure_future(scheduler.run(note, "real-time, due", deadline=clock.t + 0.5))
+    background = asyncio.ensure_future(scheduler.run(note, "ahead, far", deadline=clock.t + 60.0, ahead=True))
+    await asyncio.sleep(0.05)
+    scheduler.dispatch()
+    await asyncio.sleep(0.05)
+    assert ran == [] and scheduler.queued == 2  # the background thread is idle, and stays so
+    gate.set()
+    await first
+    await asyncio.gather(due, background)
+    # (the due job started first; the background one may start beside it, on its own thread)
+    assert sorted(name for name, _ in ran) == ["ahead, far", "real-time, due"]
+
+    # due (its audio runs out within AHEAD_DUE_S) an ahead job is ordered by its deadline, on the
+    # synthesis thread
+    ran.clear()
+    gate, first = await _blocked(scheduler)
+    soon = AHEAD_DUE_S / 2
+    jobs = [asyncio.ensure_future(scheduler.run(note, name, deadline=clock.t + d, ahead=ahead))
+            for name, d, ahead in (("real-time 2 s", 2.0, False), ("ahead, due", soon, True), ("real-time 0 s", 0.0, False))]
+    await asyncio.sleep(0.01)
+    gate.set()
+    await first
+    await asyncio.gather(*jobs)
+    assert [name for name, _ in ran] == ["real-time 0 s", "ahead, due", "real-time 2 s"]
+    assert all(not thread.startswith("test-bg") for _, thread in ran)
+
+    # not yet due, even within the horizon, it leaves the idle synthesis thread to listeners
+    ran.clear()
+    await scheduler.run(note, "ahead, 1 s", deadline=clock.t + AHEAD_DUE_S + 1.0, ahead=True)
+    assert ran[0][1].startswith("test-bg")
+    scheduler.shutdown()
+
+
+async def test_an_ahead_job_its_callable_holds_waits_until_it_says_yes():
+    """``ahead`` as a callable (a download whose reader is behind): False holds the job until it
+    is due; it is asked again soon, and runs ahead once it says True."""
+    clock, timers = Clock(), Timers()
+    scheduler = DeadlineScheduler(1, "test", clock=clock, horizon_s=3.0, call_later=timers)
+    reader_behind = True
+    ran: list[str] = []
+    job = asyncio.ensure_future(scheduler.run(ran.append, "x", deadline=clock.t + 60.0, ahead=lambda: not reader_behind))
+    await asyncio.sleep(0.01)
+    assert ran == [] and scheduler.queued == 1
+    assert min(delay for delay, _ in timers.pending) == pytest.approx(0.05)  # asked again soon
+    reader_behind = False
+    timers.pending[-1][1]()
+    await job
+    assert ran == ["x"] and scheduler.background_runs == 1
+    scheduler.shutdown()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
+async def test_background_threads_run_at_the_lowest_priority():
+    own = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    scheduler = DeadlineScheduler(1, "test", niceness=5)
+    nice = await scheduler.run(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()),
+                               deadline=time.monotonic() + 60.0, ahead=True)
+    assert nice == 19 and scheduler.background_runs == 1
+    scheduler.shutdown()
+
+
 async def test_drop_removes_a_sessions_queued_jobs_at_once(busy):
     clock, scheduler, release = busy
     ran: list[str] = []
@@ -167,16 +249,17 @@ class VirtualPiper:
         self.engine.render = self._render
         run = self.engine.scheduler.run
 
-        async def recorded(fn, *args, deadline=None, owner=None):
+        async def recorded(fn, *args, deadline=None, owner=None, ahead=False):
             kind = "latent" if fn == self._encode else "chunk"
             text = args[0] if kind == "latent" else args[0].text
-            job = {"kind": kind, "text": text, "deadline": deadline, "frames": args[2] - args[1] if kind == "chunk" else 0}
+            job = {"kind": kind, "text": text, "deadline": deadline, "frames": args[2] - args[1] if kind == "chunk" else 0,
+                   "ahead": ahead}
 
             def started(*a):  # recorded when a thread takes it (the order jobs run in)
                 self.jobs.append(job)
                 return fn(*a)
 
-            return await run(started, *args, deadline=deadline, owner=owner)
+            return await run(started, *args, deadline=deadline, owner=owner, ahead=ahead)
 
         self.engine.scheduler.run = recorded
 
@@ -308,6 +391,24 @@ async def test_jobs_are_due_when_the_sessions_audio_runs_out():
     before = len(piper.jobs)
     await _drain(offline)
     assert all(job["deadline"] is None for job in piper.jobs[before:])
+
+
+async def test_a_group_nobody_listens_to_submits_ahead_jobs_others_do_not():
+    """A session whose output nobody plays in real time (``synthesis_ahead``: a file download)
+    submits every job as an ahead job, its callable asked by the scheduler; a listener's and a
+    session's without one are ordinary jobs the horizon holds."""
+    import time
+
+    piper = VirtualPiper()
+    download = Listener(time.monotonic())
+    download.synthesis_ahead = lambda: True
+    for group, expected in ((download, download.synthesis_ahead), (Listener(time.monotonic()), False)):
+        stream = piper.engine.stream(group=group)
+        stream.push_text("Hi, how are you today, my friend?")
+        stream.end_input()
+        before = len(piper.jobs)
+        await _drain(stream)
+        assert len(piper.jobs) > before + 1 and all(job["ahead"] is expected for job in piper.jobs[before:])
 
 
 async def test_a_groups_turns_are_synthesised_in_order_and_a_cancelled_one_lets_the_next_go():

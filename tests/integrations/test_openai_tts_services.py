@@ -136,3 +136,47 @@ async def test_livekit_openai_tts_plugin_synthesize_streams_through_myna(worker,
     pcm = np.concatenate([np.frombuffer(f.data, np.int16) for f in frames]).astype(np.float32) / 32768
     assert len(frames) > 2 and arrivals[-1] - arrivals[0] > 0.3, arrivals  # streamed, not one piece at the end
     assert jiwer.wer(_words(OTHER), _words(_heard(whisper, pcm, RATE))) <= 0.1
+
+
+# -- replies with nothing to say: no error in either framework -----------------------------------
+#: What an LLM's reply may end with, or be: each a request of its own to the speech endpoint.
+NOTHING_TO_SAY = ["\U0001F44D", "\u2026"]
+
+
+@pytest.mark.parametrize("reply", [*NOTHING_TO_SAY, "Sure, it's done. \U0001F44D"], ids=["thumbs-up", "ellipsis",
+                                                                                       "sentence-then-emoji"])
+async def test_pipecat_openai_tts_service_gets_no_error_for_a_reply_with_nothing_to_say(worker, reply):
+    """Pipecat's own ``OpenAITTSService`` sends a trailing "👍" (or a lone "…") as a request of
+    its own; the worker answers it with a moment of silence (200), not a 400 that Pipecat turns
+    into an ``ErrorFrame`` for every such reply."""
+    service = OpenAITTSService(api_key="no-key-needed", base_url=worker.url + "/v1", sample_rate=RATE)
+    frames = [LLMFullResponseStartFrame(), *(LLMTextFrame(t) for t in re.findall(r"\S+\s*", reply)),
+              LLMFullResponseEndFrame()]
+    down, up = await run_test(service, frames_to_send=frames, pipeline_params=PipelineParams(audio_out_sample_rate=RATE),
+                              start_timeout=15.0)
+    assert not [f for f in [*down, *up] if isinstance(f, ErrorFrame)]
+    audio = [f for f in down if isinstance(f, TTSAudioRawFrame)]
+    pcm = np.frombuffer(b"".join(f.audio for f in audio), dtype="<i2")
+    if reply in NOTHING_TO_SAY:  # it was sent, and answered: 10 ms of silence
+        assert len(pcm) == RATE // 100 and not pcm.any()
+    else:  # the sentence, then the emoji's silence
+        assert len(pcm) / RATE > 0.5 and not pcm[-RATE // 100:].any()
+
+
+@pytest.mark.parametrize("model, fmt", [("gpt-4o-mini-tts", "mp3"), ("tts-1", "pcm")],
+                         ids=["sse-mp3-default", "audio-pcm"])
+@pytest.mark.parametrize("text", NOTHING_TO_SAY, ids=["thumbs-up", "ellipsis"])
+async def test_livekit_openai_tts_plugin_gets_no_error_for_text_with_nothing_to_say(worker, model, fmt, text):
+    """LiveKit's TTS raises ``APIError`` ("no audio frames were pushed") for a text that gets no
+    audio at all: the worker's moment of silence is audio, so nothing is raised or retried."""
+    tts = lk_openai.TTS(base_url=worker.url + "/v1", api_key="no-key-needed", model=model, response_format=fmt)
+    errors = []
+    tts.on("error", errors.append)
+    try:
+        async with tts.synthesize(text) as stream:
+            frames = [event.frame async for event in stream]
+    finally:
+        await tts.aclose()
+    assert errors == []
+    pcm = np.concatenate([np.frombuffer(f.data, np.int16) for f in frames])
+    assert 0 < len(pcm) / RATE <= 0.1 and np.abs(pcm).max() <= 1

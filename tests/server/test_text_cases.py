@@ -162,6 +162,23 @@ async def test_data_channel_sentence_without_end_turn_and_an_unsupported_script(
         assert "first_audio" in after.event_types()
 
 
+@pytest.mark.parametrize("text", ["\U0001F44D", "\u2026"], ids=["thumbs-up", "ellipsis"])
+async def test_data_channel_a_reply_with_nothing_to_say_ends_with_turn_done_not_an_error(worker, text):
+    """As on the WebSocket: a turn with nothing speakable is ``turn_started`` then ``turn_done``
+    (``audio_ms`` 0), no ``error``; the session speaks the next turn."""
+    async with MynaClient(worker.url) as client:
+        client.send({"type": "text", "turn_id": "empty", "text": text})
+        client.send({"type": "end_turn", "turn_id": "empty"})
+        events = []
+        async with asyncio.timeout(30):
+            while not events or events[-1]["type"] != "turn_done":
+                events.append(await client._next_event())
+        assert [e["type"] for e in events] == ["turn_started", "turn_done"]
+        assert events[-1]["turn_id"] == "empty" and events[-1]["audio_ms"] == 0
+        after = await client.speak("Still here.", tokens_per_s=None)
+        assert "first_audio" in after.event_types() and "error" not in after.event_types()
+
+
 ESCAPED = "&quot;That&#x27;s cool,&quot; Tom &amp; Jerry."
 
 

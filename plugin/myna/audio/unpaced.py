@@ -25,6 +25,16 @@ the audio before it would have played out, ``turn_done`` counts the wait as a ga
 ``gaps``, at the audio position it happened) for an engine whose chunks end at word boundaries,
 and as an underrun for a frame-level one. The same estimate of when the audio handed out runs
 out is the session's synthesis deadline (:meth:`UnpacedOutput.audio_runs_out_at`).
+
+Ahead: a consumer that keeps every piece and plays none of it through Myna (a file download,
+``POST /v1/audio/speech``) loses nothing when the audio comes early. An output made with
+``ahead`` (a callable) says so: its session's synthesis jobs may then run ahead of real time,
+beyond the synthesis horizon, on what the real-time sessions leave
+(:mod:`myna.engines.scheduler`, ahead jobs). ``ahead()`` is asked before each job may start
+beyond the horizon; False (the consumer is not reading what it has been given) holds the
+session to the horizon until it says True again, so its queue cannot grow without bound. The
+WebSocket and the plug-ins leave it out: their consumers play the audio, and a barge-in would
+throw away whatever was made ahead.
 """
 
 from __future__ import annotations
@@ -64,23 +74,29 @@ class UnpacedOutput(TurnQueue):
         rate: output rate of the PCM (Hz).
         clock: monotonic clock in seconds (the session's).
         chunks_end_at_words: the engine's chunks end at word boundaries (late audio is a gap).
+        ahead: nobody listens to this output in real time: synthesis may run ahead of real
+            time whenever ``ahead()`` is True (see the module docstring); None (the default):
+            the synthesis horizon holds it, as for a listener.
     """
 
     turn_class = _Turn
 
     def __init__(self, on_event: EventSink, audio: AudioSink, rate: int, clock: Callable[[], float] = time.monotonic,
-                 *, chunks_end_at_words: bool = False):
+                 *, chunks_end_at_words: bool = False, ahead: Callable[[], bool] | None = None):
         super().__init__(on_event, rate, clock, chunks_end_at_words=chunks_end_at_words)
         self._audio = audio
+        #: Asked before a synthesis job runs ahead of real time (None: it never does); see the module docstring.
+        self.ahead = ahead
         self._paused: _Turn | None = None
         self._runs_out_at = 0.0  # when the audio handed out has played out, for a real-time consumer (clock s)
 
     @classmethod
-    def for_session(cls, session, audio: AudioSink, rate: int) -> "UnpacedOutput":
+    def for_session(cls, session, audio: AudioSink, rate: int, *,
+                    ahead: Callable[[], bool] | None = None) -> "UnpacedOutput":
         """The unpaced output of a :class:`~myna.session.Session`: its events, clock and its
-        engine's kind of chunks, at ``rate`` Hz."""
+        engine's kind of chunks, at ``rate`` Hz; ``ahead``: see the class."""
         return cls(session.on_output_event, audio, rate, session.clock,
-                   chunks_end_at_words=session.engine.chunks_end_at_words)
+                   chunks_end_at_words=session.engine.chunks_end_at_words, ahead=ahead)
 
     # -- TurnQueue ------------------------------------------------------------------------
     def _announce(self, turn: _Turn) -> None:

@@ -512,7 +512,10 @@ class Engine(abc.ABC):
         compute between groups so that one client's queued turns cannot starve another's. A
         group may offer ``audio_runs_out_at() -> float``: the ``time.monotonic()`` instant its
         queued audio will have played out; engines that schedule by deadline use it to order
-        the turn's later jobs (:mod:`myna.engines.scheduler`).
+        the turn's later jobs (:mod:`myna.engines.scheduler`). It may also offer
+        ``synthesis_ahead``: None when someone listens in real time, else a ``() -> bool``
+        saying whether the turn's jobs may run ahead of real time now, beyond the synthesis
+        horizon (:attr:`myna.session.Session.synthesis_ahead`; a file download).
 
         Raises:
             EngineError: ``unknown_voice`` when ``voice`` is not available.

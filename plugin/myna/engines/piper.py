@@ -18,7 +18,9 @@ chunk, and later chunks are cheap per second of audio.
 Scheduling: every session's and every strategy's jobs share one
 :class:`~myna.engines.scheduler.DeadlineScheduler`. A job's deadline is the moment its session's
 queued audio runs out: *now* for a turn's first jobs, later ones ask the stream's ``group``
-(:meth:`myna.engines.base.Engine.stream`). Jobs are short (a chunk, or a unit's latent), so a
+(:meth:`myna.engines.base.Engine.stream`); a session that nobody listens to in real time (a
+``POST /v1/audio/speech`` download) is synthesised ahead of it, in the time the real-time
+sessions leave (ahead jobs). Jobs are short (a chunk, or a unit's latent), so a
 session whose listener waits for a first syllable waits for at most one job per thread. Every
 audio chunk of a unit plays without a break, and a late chunk can only come between two chunks
 of audio: the unit's words are spoken whole, and what playout sees as late is a pause at a
@@ -568,7 +570,9 @@ class PiperStream(SynthesisStream):
     one twice as long up to :data:`CHUNK_FRAMES`. They run in deadline order on the engine's
     scheduler, each due when the session's queued audio runs out (:meth:`_deadline`):
     ``group.audio_runs_out_at()`` when the group offers it (a session knows its output), else
-    the stream's own estimate. A group's turns are synthesised one after another, as they will
+    the stream's own estimate. A group whose ``synthesis_ahead`` is not None (nobody listens in
+    real time: a file download) submits its jobs as ahead jobs, which run beyond the horizon as
+    background work (:mod:`myna.engines.scheduler`). A group's turns are synthesised one after another, as they will
     play: a client that queues twelve turns holds one job's place, not twelve.
 
     Args:
@@ -650,7 +654,7 @@ class PiperStream(SynthesisStream):
         if cache is not None and cache.get(self._engine.name, self._cache_key(), text) is not None:
             return
         job = self._engine.scheduler.run(self._engine.encode_unit, text, self.speed, self.voice,
-                                         deadline=self._deadline(), owner=self)
+                                         deadline=self._deadline(), owner=self, ahead=self._ahead())
         task = self._loop.create_task(job)
         task.add_done_callback(lambda t: t.cancelled() or t.exception())  # (retrieved: a dropped guess may fail)
         self._guess = (text, task)
@@ -809,7 +813,8 @@ class PiperStream(SynthesisStream):
         out and an :class:`ErrorEvent` ``unit_failed`` says so (None): one unit never ends the turn."""
         for attempt in (1, 2):
             try:
-                return await self._engine.scheduler.run(fn, *args, deadline=self._deadline(), owner=self)
+                return await self._engine.scheduler.run(fn, *args, deadline=self._deadline(), owner=self,
+                                                        ahead=self._ahead())
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -836,6 +841,13 @@ class PiperStream(SynthesisStream):
                     self._first_out_at = time.monotonic()
                 self._out_s += item.duration_ms / 1000.0
             self._emit(item)
+
+    def _ahead(self):
+        """May this turn's jobs run ahead of real time, beyond the horizon (the scheduler's
+        ``ahead``)? The group's ``synthesis_ahead`` when it offers one (a session whose output
+        nobody plays in real time: :attr:`myna.session.Session.synthesis_ahead`), else False."""
+        ahead = getattr(self._group, "synthesis_ahead", None)
+        return ahead if ahead is not None else False
 
     def _deadline(self) -> float | None:
         """When the session's queued audio runs out (monotonic s), as the group tells it.

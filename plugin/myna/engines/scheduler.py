@@ -17,8 +17,36 @@ latent, or a chunk of its audio, and a job cannot be preempted once it runs. Whi
   length) and decodes its audio in chunks of at most ~0.5 s of speech
   (:mod:`myna.engines.piper`, :mod:`myna.engines.vits`). A waiting urgent job then waits at
   most one chunk per thread.
-- **Drop.** :meth:`DeadlineScheduler.drop` (barge-in) removes an owner's queued jobs at once;
-  their callers see :class:`asyncio.CancelledError`. A running job finishes, unseen.
+- **Ahead (background) jobs.** A job submitted with ``ahead`` belongs to a session whose
+  consumer keeps whatever it is given and plays none of it through Myna (a file download from
+  ``POST /v1/audio/speech``): audio made early is never wasted there, so the horizon does not
+  hold it. Within :data:`AHEAD_DUE_S` of its deadline (when the audio made so far would run
+  out that soon if it were played) such a job takes a synthesis thread, ordered by its
+  deadline like any other (a client that plays the download as it arrives is served as a
+  listener would be); before that, it runs as *background* work, on the scheduler's own
+  background threads (``background_threads``, at a much lower priority,
+  :data:`BACKGROUND_NICENESS`), so a download's early audio never holds a synthesis thread a
+  listener's first unit needs:
+
+  - it never starts while a due job waits for a synthesis thread, so background work only
+    ever takes what the real-time sessions leave;
+  - it never holds a synthesis thread a real-time job could need: the two kinds of work have
+    their own threads, and the kernel gives a running background job's core to a synthesis
+    thread that wants it (CFS weights: nice 19 gets ~1/7 of a core contended by nice 10), which
+    is the preemption a job cannot have here;
+  - background jobs go earliest deadline first among themselves (the session whose audio,
+    played in real time, would run out soonest);
+  - ``ahead`` may be a callable, asked each time the job could start as background work:
+    False holds it until it is due or the callable says True again, re-asked every
+    :data:`AHEAD_RECHECK_S` meanwhile (a consumer that is not reading fast enough, whose
+    queue must not grow without bound).
+
+  A session that is being synthesised ahead and is then starved of background time falls back
+  to its deadline: its job becomes due and competes like any other, so a client that plays
+  it as it comes is not left without audio.
+- **Drop.** :meth:`DeadlineScheduler.drop` (barge-in, a closed request) removes an owner's
+  queued jobs at once; their callers see :class:`asyncio.CancelledError`. A running job
+  finishes, unseen.
 
 All methods are called on the event loop; jobs run on the scheduler's threads.
 """
@@ -37,6 +65,15 @@ from dataclasses import dataclass, field
 
 #: Default horizon: audio (s) a session may be ahead of its playout before its next job waits.
 HORIZON_S = 3.0
+#: Nice value added to the background threads (ahead jobs beyond the horizon): the most there
+#: is (19), below the synthesis threads' (:data:`myna.engines.piper.SYNTHESIS_NICENESS`).
+BACKGROUND_NICENESS = 19
+#: How close to its deadline (s) an ahead job must be to take a synthesis thread: until then it
+#: is background work, so a download's early audio never holds a thread a listener's first
+#: unit needs; within it, it competes by deadline (a client playing the download as it comes).
+AHEAD_DUE_S = 0.5
+#: How often an ahead job held by its ``ahead`` callable (False) is asked again (s).
+AHEAD_RECHECK_S = 0.05
 
 
 def lower_thread_priority(niceness: int) -> None:
@@ -63,50 +100,74 @@ class _Job:
     fn: Callable = field(compare=False)
     args: tuple = field(compare=False)
     future: asyncio.Future = field(compare=False)
+    ahead: bool | Callable[[], bool] = field(compare=False, default=False)
+
+    def may_run_ahead(self) -> bool:
+        """May this job run beyond the horizon now (as background work)?"""
+        return self.ahead() if callable(self.ahead) else bool(self.ahead)
 
 
 class DeadlineScheduler:
     """Runs blocking jobs on a thread pool, earliest deadline first (see the module docstring).
 
     Args:
-        workers: threads.
+        workers: synthesis threads (real-time work: every job within the horizon).
         thread_name_prefix: name prefix of the threads.
-        niceness: added to each thread's nice value (:func:`lower_thread_priority`), so that
-            the event loop's thread wins a core the threads also want.
-        horizon_s: a job whose deadline is further than this in the future waits (s).
+        niceness: added to each synthesis thread's nice value (:func:`lower_thread_priority`),
+            so that the event loop's thread wins a core the threads also want.
+        horizon_s: a job whose deadline is further than this in the future waits (s), unless
+            it may run ahead (background work, ``ahead`` in :meth:`run`).
         clock: monotonic clock in seconds; deadlines are on this clock.
         call_later: ``(delay_s, callback)`` timer used to wake up for a job held by the horizon;
             defaults to the running event loop's ``call_later``.
+        background_threads: threads for ahead jobs beyond the horizon (default: ``workers``);
+            0 never runs a job beyond the horizon.
+        background_niceness: added to each background thread's nice value (default
+            :data:`BACKGROUND_NICENESS`: the lowest priority there is).
     """
 
     def __init__(self, workers: int, thread_name_prefix: str, *, horizon_s: float = HORIZON_S,
                  clock: Callable[[], float] = time.monotonic,
-                 call_later: Callable[[float, Callable[[], None]], object] | None = None, niceness: int = 0):
+                 call_later: Callable[[float, Callable[[], None]], object] | None = None, niceness: int = 0,
+                 background_threads: int | None = None, background_niceness: int = BACKGROUND_NICENESS):
         if workers < 1:
             raise ValueError("a scheduler needs at least one worker thread")
         self.workers = workers
+        self.background_threads = workers if background_threads is None else max(0, background_threads)
         self.horizon_s = horizon_s
         self._clock = clock
         self._call_later = call_later
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=thread_name_prefix,
                                         initializer=lower_thread_priority, initargs=(niceness,))
-        self._queue: list[_Job] = []  # a heap
+        # (threads start only when a job needs one: a worker that never gets a file request has none)
+        self._background = ThreadPoolExecutor(max_workers=max(1, self.background_threads),
+                                              thread_name_prefix=f"{thread_name_prefix}-bg",
+                                              initializer=lower_thread_priority, initargs=(background_niceness,))
+        self._queue: list[_Job] = []  # a heap: jobs the horizon holds
+        self._ahead: list[_Job] = []  # a heap: jobs that may run ahead of it
         self._seq = itertools.count()
-        self._running = 0
+        self._running = 0  # jobs on the synthesis threads
+        self._running_background = 0  # jobs on the background threads
         self._timer = None  # pending wake-up for a job held by the horizon
         self._timer_at = float("inf")
+        #: Jobs started beyond the horizon since start-up (ahead jobs run as background work).
+        self.background_runs = 0
 
     @property
     def queued(self) -> int:
         """Jobs waiting (cancelled ones excluded)."""
-        return sum(1 for job in self._queue if not job.future.done())
+        return sum(1 for job in (*self._queue, *self._ahead) if not job.future.done())
 
-    async def run(self, fn: Callable, *args, deadline: float | None = None, owner: object = None):
+    async def run(self, fn: Callable, *args, deadline: float | None = None, owner: object = None,
+                  ahead: bool | Callable[[], bool] = False):
         """Run ``fn(*args)`` on a thread when its turn comes; returns its result.
 
         Args:
             deadline: when the caller's queued audio runs out (clock s); None means now.
             owner: who the job belongs to, for :meth:`drop` (e.g. a turn's stream).
+            ahead: the job may run beyond the horizon, as background work (see the module
+                docstring): True, or a callable asked each time it could start (False: the
+                horizon holds it for now).
 
         Raises:
             asyncio.CancelledError: the job was dropped (or the caller cancelled) before it ran.
@@ -114,37 +175,84 @@ class DeadlineScheduler:
         """
         future = asyncio.get_running_loop().create_future()
         deadline = self._clock() if deadline is None else deadline
-        heapq.heappush(self._queue, _Job(deadline, next(self._seq), owner, fn, args, future))
+        job = _Job(deadline, next(self._seq), owner, fn, args, future, ahead)
+        heapq.heappush(self._ahead if ahead else self._queue, job)
         self.dispatch()
         return await future
 
     def drop(self, owner: object) -> int:
         """Remove every queued job of ``owner`` now (barge-in); returns how many were dropped."""
-        mine = [job for job in self._queue if owner is not None and job.owner is owner]
+        if owner is None:
+            return 0
+        mine = [job for job in (*self._queue, *self._ahead) if job.owner is owner]
         if mine:
             self._queue = [job for job in self._queue if job.owner is not owner]
+            self._ahead = [job for job in self._ahead if job.owner is not owner]
             heapq.heapify(self._queue)
+            heapq.heapify(self._ahead)
         return sum(job.future.cancel() for job in mine)
 
     def dispatch(self) -> None:
-        """Start queued jobs on free threads, earliest deadline first, within the horizon.
+        """Start queued jobs: on free synthesis threads every *due* job (within the horizon; an
+        ahead job within :data:`AHEAD_DUE_S` of its deadline), earliest deadline first; then,
+        when no due job waits, ahead jobs on free background threads, earliest deadline first.
 
         Called on submission, when a job finishes and when a job held by the horizon comes
         within it; calling it at any other time is harmless.
         """
-        while self._running < self.workers and self._queue:
-            job = self._queue[0]
-            if job.future.done():  # dropped, or its caller gave up
-                heapq.heappop(self._queue)
-                continue
-            wait = job.deadline - self.horizon_s - self._clock()
-            if wait > 0:
-                self._wake_in(wait)
-                return
-            heapq.heappop(self._queue)
+        now = self._clock()
+        while self._running < self.workers:
+            job = self._earliest_due(now)
+            if job is None:
+                break
+            self._start(job, background=False)
+        if self._earliest_due(now) is not None:
+            return  # a due job waits for a synthesis thread: nothing goes before it
+        held = False  # an ahead job its callable holds back (asked again soon)
+        if self._running_background < self.background_threads and self._ahead:
+            started = []
+            for job in sorted(self._ahead):
+                if self._running_background + len(started) >= self.background_threads:
+                    break
+                if job.future.done():
+                    continue
+                if job.may_run_ahead():
+                    started.append(job)
+                else:
+                    held = True
+            if started:
+                self._ahead = [job for job in self._ahead if job not in started]
+                heapq.heapify(self._ahead)
+                for job in started:
+                    self._start(job, background=True)
+        due_in = [heap[0].deadline - lead - now for heap, lead in ((self._queue, self.horizon_s), (self._ahead, AHEAD_DUE_S))
+                  if heap]
+        if due_in:
+            self._wake_in(min(due_in))
+        if held:
+            self._wake_in(AHEAD_RECHECK_S)
+
+    def _earliest_due(self, now: float) -> _Job | None:
+        """The due job with the earliest deadline (ties: the first submitted), either kind; None
+        when none is due (see :meth:`dispatch`)."""
+        for heap in (self._queue, self._ahead):
+            while heap and heap[0].future.done():  # dropped, or its caller gave up
+                heapq.heappop(heap)
+        due = [heap[0] for heap, lead in ((self._queue, self.horizon_s), (self._ahead, AHEAD_DUE_S))
+               if heap and heap[0].deadline <= now + lead]
+        return min(due) if due else None
+
+    def _start(self, job: _Job, background: bool) -> None:
+        if not background:
+            heapq.heappop(self._queue if self._queue and self._queue[0] is job else self._ahead)
             self._running += 1
-            done = asyncio.wrap_future(self._pool.submit(job.fn, *job.args))
-            done.add_done_callback(lambda d, future=job.future: self._finished(d, future))
+            pool = self._pool
+        else:
+            self._running_background += 1
+            self.background_runs += 1
+            pool = self._background
+        done = asyncio.wrap_future(pool.submit(job.fn, *job.args))
+        done.add_done_callback(lambda d, future=job.future: self._finished(d, future, background))
 
     def _wake_in(self, delay: float) -> None:
         at = self._clock() + delay
@@ -160,8 +268,11 @@ class DeadlineScheduler:
         self._timer, self._timer_at = None, float("inf")
         self.dispatch()
 
-    def _finished(self, done: asyncio.Future, future: asyncio.Future) -> None:
-        self._running -= 1
+    def _finished(self, done: asyncio.Future, future: asyncio.Future, background: bool) -> None:
+        if background:
+            self._running_background -= 1
+        else:
+            self._running -= 1
         if not future.done():
             if done.cancelled():
                 future.cancel()
@@ -173,10 +284,11 @@ class DeadlineScheduler:
 
     def shutdown(self) -> None:
         """Stop the threads; queued jobs are cancelled, a running one finishes unseen."""
-        for job in self._queue:
+        for job in (*self._queue, *self._ahead):
             job.future.cancel()
         self._queue.clear()
+        self._ahead.clear()
         if self._timer is not None:
             self._timer.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
-
+        self._background.shutdown(wait=False, cancel_futures=True)

@@ -4,9 +4,17 @@ For applications and agent tools that speak only through an OpenAI client pointe
 (``OpenAI(base_url="http://worker:8080/v1", api_key=TOKEN)``). One request is one
 :class:`~myna.session.Session` with one turn whose whole text is the request's ``input``; its
 output is an :class:`~myna.audio.unpaced.UnpacedOutput` at the format's rate, and each piece of
-PCM is encoded (:class:`~myna.audio.encode.StreamEncoder`, PyAV) and written to the response as
-a chunk the moment the engine has made it (``Transfer-Encoding: chunked``), with an
-``X-Request-Id`` (OpenAI's client reports it as ``request_id``; LiveKit's plug-in logs its absence).
+PCM is encoded (:class:`~myna.audio.encode.StreamEncoder`, PyAV) and written to the response the
+moment the engine has made it, with an ``X-Request-Id`` (OpenAI's client reports it as
+``request_id``; LiveKit's plug-in logs its absence).
+
+The response's length is not known when it starts, so it is streamed: over HTTP/1.1 as
+``Transfer-Encoding: chunked``; over HTTP/1.0 (nginx's default ``proxy_http_version 1.0``, older
+proxies), which has no chunked encoding, with neither ``Transfer-Encoding`` nor
+``Content-Length`` and ``Connection: close``: the body ends when the worker closes the
+connection (RFC 1945 §7.2.2), also when the client asked to keep it alive. Every
+``response_format`` and ``stream_format`` streams so. Refusals are whole JSON responses with a
+``Content-Length`` on either version.
 
 The request body (JSON):
 
@@ -34,6 +42,29 @@ The request body (JSON):
 - ``normalise`` (Myna's, not OpenAI's): ``false`` reads the input as written (no phone
   numbers, dates, units or codes said in words: :mod:`myna.text.normaliser`); default true.
 
+Input with nothing to speak. An ``input`` that is non-empty but has nothing speakable in it
+(``"👍"``, ``"…"``, ``":)"``, only markup: the text front end leaves no word) is answered, not
+refused: 200, :data:`NOTHING_TO_SPEAK_HEADER` ``: 1``, and :data:`NOTHING_TO_SPEAK_MS` (10 ms) of
+digital silence encoded in the requested format (with ``sse``: one ``speech.audio.delta`` of it,
+then ``speech.audio.done``). Frameworks' OpenAI services send such text as a request of its own
+(Pipecat's ``OpenAITTSService`` sends a reply's trailing emoji so, and its ``run_tts``,
+``pipecat.services.openai.tts``, turns any non-200 into an ``ErrorFrame``), so a refusal was an error for every such
+reply. Silence rather than an empty file: LiveKit Agents' ``ChunkedStream`` raises
+``APIError("no audio frames were pushed for text: ...")`` (and retries) when a text with
+non-whitespace gets no audio (``livekit/agents/tts/tts.py``, livekit-agents 1.8), so a
+header-only file would still be an error there; 10 ms is also what Myna's own LiveKit plug-in
+gives such a segment. Others do the same or near it: Kokoro-FastAPI, streaming (its default),
+answers such input 200 with an empty body (``remsky/Kokoro-FastAPI``,
+``api/src/services/tts_service.py`` ``generate_audio_stream`` yields nothing when no chunk had
+text, and ``api/src/routers/openai_compatible.py`` streams that as a 200; only its non-streamed
+``stream: false`` raises "Input contains no speakable text", a 400); OpenAI's API reference
+documents no refusal for speakable-less input. A client that sends no text at all (``input``
+missing, not a string, empty or only whitespace) still learns it: 400 ``bad_request``,
+``param`` ``input``. Text whose only words are in a script the voice cannot read is still
+400 ``unsupported_language``: that is an error the client should hear of. The WebSocket and
+the data channel already answer such a turn with
+``turn_started`` then ``turn_done`` (``audio_ms`` 0) and no ``error`` (the session is the same).
+
 Requests pass the worker's token check (``Authorization: Bearer``, which is how OpenAI's
 client sends its ``api_key``) and its session admission (sessions at once, per client, and the
 pace of new ones: the same as offers and WebSocket connections), and each one is a session
@@ -53,7 +84,7 @@ import math
 import uuid
 from collections import deque
 
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 
 from myna.audio.encode import FORMATS, AudioFormat, StreamEncoder, available_formats
 from myna.audio.unpaced import UnpacedOutput
@@ -78,9 +109,15 @@ SSE_CONTENT_TYPE = "text/event-stream"
 DEFAULT_FORMAT = "mp3"
 #: PCM a response may have queued but unwritten before it is cut off (s16 bytes; as the WebSocket).
 MAX_QUEUED_AUDIO_BYTES = 16 * 2**20
+#: The header of a 200 whose input had nothing speakable in it (its body: silence).
+NOTHING_TO_SPEAK_HEADER = "X-Myna-Nothing-To-Speak"
+#: The silence such a response carries (ms): audio a client can decode, and not none, since
+#: LiveKit Agents' TTS streams raise ``APIError("no audio frames were pushed ...")`` for a
+#: text with no audio.
+NOTHING_TO_SPEAK_MS = 10
 _TURN_ID = "speech"
 #: Errors that may come before any audio and are the request's fault (400), not the worker's (500).
-_CLIENT_CODES = frozenset({"unsupported_language", "turn_too_long", "nothing_to_speak", "unsupported_speed"})
+_CLIENT_CODES = frozenset({"unsupported_language", "turn_too_long", "unsupported_speed"})
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error"}
 
@@ -170,6 +207,9 @@ class SpeechTurn:
 
     It is the session output's :class:`~myna.audio.unpaced.AudioSink` (PCM into a queue) and
     its event sink (the turn's end and its errors); :meth:`respond` writes the queue out.
+    Nobody listens through this door, so the output is made with ``ahead``: the request is
+    synthesised ahead of real time, in what paced sessions leave (:mod:`myna.engines.scheduler`,
+    ahead jobs), while at most half of :data:`MAX_QUEUED_AUDIO_BYTES` waits in the queue.
     """
 
     def __init__(self, worker, request: SpeechRequest, engine, voice: str | None):
@@ -183,9 +223,13 @@ class SpeechTurn:
         self._wake = asyncio.Event()
         self.done = False
         self.errors: list[Error] = []
+        # Nobody listens through Myna: the client keeps the audio, so synthesis runs ahead of
+        # real time (in what paced sessions leave), while it reads what it is given: past half
+        # the queue's cap the horizon holds synthesis again, so a slow reader is not cut off.
         self.session: Session = worker.sessions.open(
-            engine, lambda s: UnpacedOutput.for_session(s, self, self._fmt.rate), self._event,
-            defaults=TurnDefaults(voice=voice, normalise=request.normalise))
+            engine, lambda s: UnpacedOutput.for_session(s, self, self._fmt.rate,
+                                                        ahead=lambda: self._queued <= MAX_QUEUED_AUDIO_BYTES // 2),
+            self._event, defaults=TurnDefaults(voice=voice, normalise=request.normalise))
 
     # -- the session's sinks ------------------------------------------------------------------
     def put_audio(self, turn_id: str, pcm: bytes) -> None:
@@ -219,8 +263,12 @@ class SpeechTurn:
         return self._overflowed or self.done or (bool(self.errors) and not self.session.busy)
 
     async def respond(self, request: web.Request, text: str) -> web.StreamResponse:
-        """Speak ``text`` into a chunked response; an error before the first audio is an
-        OpenAI error response instead."""
+        """Speak ``text`` into a streamed response (see the module docstring, "The response").
+
+        The response starts with the first encoded bytes: an error before them is an OpenAI
+        error response instead (:meth:`_refusal`); a turn that ends with neither audio nor an
+        error (nothing speakable in ``text``) is answered with :data:`NOTHING_TO_SPEAK_MS` of
+        silence and the :data:`NOTHING_TO_SPEAK_HEADER`."""
         self.session.handle(Text(_TURN_ID, text, speed=self._speed if self._speed != 1.0 else None))
         self.session.handle(EndTurn(_TURN_ID))
         encoder = StreamEncoder(self._fmt)
@@ -231,19 +279,16 @@ class SpeechTurn:
                     self._wake.clear()
                     await self._wake.wait()
                 last = not self._items
+                silent = last and response is None and not self.errors and not self._overflowed
                 if last:
-                    data = encoder.finish()
+                    data = (encoder.encode(silence(self._fmt)) if silent else b"") + encoder.finish()
                 else:
                     pcm = self._items.popleft()
                     self._queued -= len(pcm)
                     data = encoder.encode(pcm)
                 if data:
                     if response is None:
-                        content_type = SSE_CONTENT_TYPE if self._sse else self._fmt.content_type
-                        response = web.StreamResponse(headers={"Content-Type": content_type,
-                                                               "X-Request-Id": uuid.uuid4().hex})
-                        response.enable_chunked_encoding()
-                        await response.prepare(request)
+                        response = await self._start(request, nothing_to_speak=silent)
                     await response.write(_sse_event("speech.audio.delta", audio=base64.b64encode(data).decode())
                                          if self._sse else data)
                 if last:
@@ -261,16 +306,41 @@ class SpeechTurn:
             encoder.close()
             await self.session.close()
 
+    async def _start(self, request: web.Request, nothing_to_speak: bool) -> web.StreamResponse:
+        """Send the status line and headers of a streamed 200.
+
+        Its length is not known, so HTTP/1.1 gets ``Transfer-Encoding: chunked`` (aiohttp's
+        choice for a body of unknown length) and HTTP/1.0, which has no chunked encoding, a
+        body that the closing of the connection ends (``Connection: close``, no
+        ``Content-Length``), even when the client asked to keep the connection alive."""
+        headers = {"Content-Type": SSE_CONTENT_TYPE if self._sse else self._fmt.content_type,
+                   "X-Request-Id": uuid.uuid4().hex}
+        if nothing_to_speak:
+            headers[NOTHING_TO_SPEAK_HEADER] = "1"
+        if request.version < HttpVersion11:
+            headers["Connection"] = "close"
+        response = web.StreamResponse(headers=headers)
+        if request.version < HttpVersion11:
+            response.force_close()
+        await response.prepare(request)
+        return response
+
     def _refusal(self) -> web.Response:
-        """The error response of a turn that ended without audio."""
-        if not self.errors:
-            self._worker.metrics.errors.labels("nothing_to_speak").inc()
-            return openai_error(400, "nothing_to_speak", "the input has nothing to speak", "input")
+        """The error response of a turn that ended with an error before any audio."""
+        if not self.errors:  # (its audio overflowed before the first byte went out)
+            self._worker.metrics.errors.labels("internal").inc()
+            return openai_error(500, "internal", "the turn ended without audio")
         error = self.errors[0]  # (counted in the metrics by the session)
         status = 503 if error.code == "draining" else 400 if error.code in _CLIENT_CODES else 500
         param = {"unsupported_speed": "speed", "unknown_voice": "voice"}.get(error.code, "input")
         return openai_error(status, error.code, error.message, param if status == 400 else None,
                             30 if status == 503 else None)
+
+
+def silence(fmt: AudioFormat) -> bytes:
+    """:data:`NOTHING_TO_SPEAK_MS` of digital silence as s16le mono PCM at ``fmt.rate`` (what
+    a request with nothing speakable is answered with, encoded in its format)."""
+    return bytes(2 * (fmt.rate * NOTHING_TO_SPEAK_MS // 1000))
 
 
 def _sse_event(kind: str, **fields) -> bytes:
