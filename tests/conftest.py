@@ -1,10 +1,12 @@
-"""Shared fixtures: a running worker on loopback, the bundled Whisper model."""
+"""Shared fixtures: a running worker on loopback, the bundled Whisper model; the suite's tiers
+and its timing (``test-artifacts/durations.txt``)."""
 
 from __future__ import annotations
 
 import json
 import os
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -109,3 +111,43 @@ def slow_voice(tmp_path_factory) -> str:
     config["language"] = {"code": "en_GB"}
     (folder / f"{SLOW_VOICE}.onnx.json").write_text(json.dumps(config), encoding="utf-8")
     return str(model)
+
+
+# -- tiers: the slow real-time parts, which `bash scripts/test.sh --quick` leaves out -------------
+#: Marker of every test in a folder: real livekit-server rooms, whole ``myna serve`` processes
+#: heard end to end. (``browser``, Chromium through Playwright, is marked in the tests.)
+FOLDER_TIERS = {"room": "livekit", "e2e": "e2e"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        tier = FOLDER_TIERS.get(Path(str(item.fspath)).parent.name)
+        if tier is not None:
+            item.add_marker(tier)
+
+
+# -- timing: each run's wall time and its slowest tests ------------------------------------------
+#: How many of the slowest tests ``durations.txt`` lists (the terminal shows the first ten).
+SLOWEST_LISTED = 30
+_durations: dict[str, float] = defaultdict(float)  # test id → setup + call + teardown (s)
+_started = time.monotonic()
+
+
+def pytest_runtest_logreport(report):
+    _durations[report.nodeid] += report.duration  # (with xdist: the controller gets every worker's reports)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if hasattr(config, "workerinput") or not _durations:
+        return  # (an xdist worker: the controller writes the summary)
+    wall = time.monotonic() - _started
+    slowest = sorted(_durations.items(), key=lambda kv: -kv[1])[:SLOWEST_LISTED]
+    workers = getattr(config.option, "numprocesses", None) or 0
+    lines = [f"wall time: {wall:.1f} s for {len(_durations)} tests ({len(_durations) / wall:.2f} tests/s, "
+             f"{workers or 'no'} xdist workers)", f"slowest {len(slowest)} (setup + call + teardown, s):"]
+    lines += [f"{seconds:8.1f}  {nodeid}" for nodeid, seconds in slowest]
+    ARTIFACTS.mkdir(exist_ok=True)
+    (ARTIFACTS / "durations.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    terminalreporter.section("timing (test-artifacts/durations.txt)")
+    for line in lines[:12]:
+        terminalreporter.write_line(line)

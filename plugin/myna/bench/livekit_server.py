@@ -18,6 +18,7 @@ Outside such a namespace nothing is created and the server advertises 127.0.0.1.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import socket
@@ -81,6 +82,14 @@ def media_address() -> str:
     """
     if not isolated_namespace():
         return "127.0.0.1"
+    # Several processes of one test run (pytest-xdist) share the namespace: one creates the pair.
+    with open(Path(tempfile.gettempdir()) / f"myna-veth-{os.getuid()}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _create_veth()
+    return VETH_ADDRESSES[0]
+
+
+def _create_veth() -> None:
     if VETH[0] not in _interfaces():
         (a, b), (ip_a, ip_b) = VETH, VETH_ADDRESSES
         steps = [
@@ -94,7 +103,6 @@ def media_address() -> str:
             done = subprocess.run(step, capture_output=True, text=True)
             if done.returncode != 0:
                 raise RuntimeError(f"{' '.join(step)}: {done.stderr.strip()}")
-    return VETH_ADDRESSES[0]
 
 
 def free_port(kind: int = socket.SOCK_STREAM) -> int:
