@@ -76,7 +76,8 @@ def test_each_kind_is_said_right(text, said_as):
     assert spoken(text) == compared(said_as)
 
 
-@pytest.mark.parametrize(("text", "said_as"), [
+#: Readings decided by the words around (issue 33): (written, said).
+CONTEXT_CASES = [
     # a slash is a date only where a date reads (issue 33.1)
     ("open 24/7", "open twenty four seven"), ("rate it 9/10", "rate it nine out of ten"),
     ("4/5 stars", "four out of five stars"), ("a 4.5/5 rating", "a four point five out of five rating"),
@@ -90,6 +91,7 @@ def test_each_kind_is_said_right(text, said_as):
     ("the deadline is 6/12", "the deadline is june twelfth"), ("on Friday 7/4", "on friday july fourth"),
     ("see you 6/12 at 3pm", "see you june twelfth at three pm"), ("12/25", "december twenty fifth"),
     ("3/14/2025", "march fourteenth twenty twenty five"), ("6/1 and 6/5", "june first and june fifth"),
+    ("updated 11/12", "updated november twelfth"), ("the meeting is 3/4 at noon", "the meeting is march fourth at noon"),
     # ranges keep their "to" (issue 33.2)
     ("$10-$20", "ten to twenty dollars"), ("€5–€10", "five to ten euros"), ("$10 - $20", "ten dollars to twenty dollars"),
     ("10-20%", "ten to twenty percent"), ("9am-5pm", "nine am to five pm"), ("9am - 5pm", "nine am to five pm"),
@@ -107,13 +109,45 @@ def test_each_kind_is_said_right(text, said_as):
     ("Ste 200", "suite two hundred"), ("Fl. 3", "floor three"), ("Rm 12", "room twelve"), ("Cedar Ln", "cedar lane"),
     ("Pennsylvania Ave NW", "pennsylvania avenue northwest"), ("at 123 N Main St", "at one hundred and twenty three north main street"),
     ("an apt name", "an apt name"), ("Vitamin E", "vitamin e"),
+    # dates written without a date word, ratings and halves (a reviewer's cases)
+    ("it should arrive 6/12", "it should arrive june twelfth"), ("I can book you for 6/10", "i can book you for june tenth"),
+    ("we'll ship it 6/10 or 6/11", "we'll ship it june tenth or june eleventh"),
+    ("between 6/10 and 6/12", "between june tenth and june twelfth"), ("expected 6/10-6/12", "expected june tenth to june twelfth"),
+    ("rate the room 9/10", "rate the room nine out of ten"), ("9/10 dentists agree", "nine out of ten dentists agree"),
+    ("he scored 85/100", "he scored eighty five out of one hundred"), ("10/10 would recommend", "ten out of ten would recommend"),
+    ("1/2 off", "half off"), ("1/2 an hour", "half an hour"), ("1/5 cup", "one fifth cup"), ("2/3 full", "two thirds full"),
+    # ranges of times, days, cents, percentages and thousands
+    ("9:30-10:30", "nine thirty to ten thirty"), ("9am-11am", "nine to eleven am"), ("June 1-5", "june first to fifth"),
+    ("9 AM - 5 PM", "nine am to five pm"), ("9 AM-5 PM", "nine am to five pm"),
+    ("Monday - Friday", "monday through friday"), ("June - August", "june through august"),
+    ("$9.99-$14.99", "nine dollars and ninety nine cents to fourteen dollars and ninety nine cents"),
+    ("10%-20%", "ten to twenty percent"), ("$1k-$2k", "one thousand to two thousand dollars"),
+    ("between $5-$10", "between five and ten dollars"), ("I went in March - it was cold", "i went in march it was cold"),
+    # state codes, unit numbers, directionals, titles after a number or a determiner
+    ("Orlando, FL 32801", "orlando fl three two eight zero one"), ("New Haven CT 06510", "new haven ct zero six five one zero"),
+    ("Apt 12C", "apartment twelve c"), ("Room 3F is free", "room three f is free"), ("45 W 34th St", "forty five west thirty fourth street"),
+    ("turn right on E Main St.", "turn right on east main street"), ("The Dr. will see you now", "the doctor will see you now"),
+    ("Your Dr. appointment", "your doctor appointment"), ("10 St. Mary's Rd.", "ten saint mary's road"),
+    ("1 Dr. Martin Luther King Jr. Blvd.", "one doctor martin luther king junior boulevard"),
     # digit groups that are no range: digit by digit
     ("SSN 123-45-6789", "ssn one two three four five six seven eight nine"),
     ("555-123-456-7", "five five five one two three four five six seven"), ("open 24-7", "open twenty four seven"),
     ("10000-20000 users", "ten thousand to twenty thousand users"),
-])
+]
+
+
+@pytest.mark.parametrize(("text", "said_as"), CONTEXT_CASES)
 def test_context_decides_fractions_ranges_and_addresses(text, said_as):
     assert spoken(text) == compared(said_as)
+
+
+@pytest.mark.parametrize("text", [text for text, _ in CONTEXT_CASES])
+def test_context_readings_do_not_depend_on_where_the_chunks_are_cut(text):
+    whole = _items([text])
+    for cut in range(1, len(text)):
+        if _SENTENCE_END.search(text[:cut]) and not text[cut].isspace():
+            continue  # (a cut right after "word.": a sentence end, see below)
+        assert _items([text[:cut], text[cut:]]) == whole, (text[:cut], text[cut:])
 
 
 @pytest.mark.parametrize("text", ["I am here.", "It is 5 o'clock", "Room C is free", "Call me in 5 minutes",

@@ -47,7 +47,9 @@ def needs_next(word: str) -> bool:
         return True
     if key in readings.NEEDS_NEXT and word.lstrip("\"'“‘([")[:1].isupper() and not ends_clause(word.rstrip(".")):
         return True  # "Dr." (Drive or Doctor), "Apt 4", "N Main"
-    return bool(_DIGIT.search(word)) and (not ends_clause(word) or word.endswith(("–", "—")))
+    if word.endswith(("–", "—")):
+        return True  # a range's dash: "9am–" then "5pm", "Monday–" then "Friday"
+    return bool(_DIGIT.search(word)) and not ends_clause(word)
 
 
 _DIGIT = re.compile(r"\d")

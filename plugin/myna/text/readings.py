@@ -45,6 +45,7 @@ library reads these in a stream: see the module docstring of :mod:`myna.text.nor
 
 from __future__ import annotations
 
+import math
 import re
 from decimal import Decimal
 
@@ -61,7 +62,8 @@ WEEKDAYS = frozenset("monday tuesday wednesday thursday friday saturday sunday m
                      "thurs fri sat sun".split())
 #: Words after which ``a/b`` is a date, not a fraction.
 DATE_CUES = frozenset("on by until till from due before after since date dated expires expiry starting "
-                      "ending effective ends starts deadline".split()) | WEEKDAYS
+                      "ending effective ends starts deadline updated posted published released shipped "
+                      "delivered received scheduled booked renewed born".split()) | WEEKDAYS
 #: Nouns a date follows ("deadline 6/12", "your appointment is 6/12").
 DATE_NOUNS = frozenset("date deadline appointment birthday delivery meeting anniversary arrival departure "
                        "checkout check-in renewal payment shipment".split())
@@ -72,8 +74,24 @@ _DATE_LINKS = frozenset("to and through thru or - – —".split())
 _DENOMINATORS = frozenset({2, 3, 4, 5, 6, 8, 10, 12, 16, 32, 64, 100})
 # Scales read as ratings ("9/10" "nine out of ten").
 _RATING_SCALES = frozenset({5, 10, 100})
+# Denominators of a fraction without a cue: a reduced a/b of these is a fraction ("1/3", "3/8"),
+# any other pair a date where it can be one ("6/12", "6/10": June).
+_PLAIN_DENOMINATORS = frozenset({2, 3, 4, 8, 16, 32, 64})
+# Words around a rating ("rate it 9/10", "a 9/10", "4/5 stars"; a plural noun after it too).
+_RATING_CUES = frozenset("rate rated rating rates score scored scores a gave give gives got get gets "
+                         "graded grade review reviewed".split())
+_RATING_NEXT = frozenset("stars star rating score points overall".split())
+# Measures a fraction comes before ("1/5 cup", "3/10 mile").
+_MEASURES = frozenset("cup cups teaspoon teaspoons tsp tablespoon tablespoons tbsp inch inches mile miles pound "
+                      "pounds lb lbs ounce ounces oz gallon gallons liter liters litre litres hour hours second "
+                      "seconds minute minutes acre acres".split())
+# Words after which 1/2 is "half" ("1/2 off", "1/2 an hour").
+_HALF_BEFORE = frozenset("off price an a the way time dozen".split())
 # Slashed pairs with a reading of their own.
 _SAYINGS = {(24, 7): "twenty-four seven", (50, 50): "fifty-fifty", (9, 11): "nine eleven"}
+_NUMBER_WORDS = frozenset("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
+                          "fifteen sixteen seventeen eighteen nineteen twenty thirty forty fifty sixty seventy "
+                          "eighty ninety hundred thousand million billion trillion oh o'clock point and minus".split())
 _DASHED_SAYINGS = frozenset({(24, 7), (50, 50)})  # ("24-7" too; "9-11" is a range)
 #: Words after which digits or capitals are a code, read one by one.
 CODE_CUES = frozenset("order confirmation code reference ref ticket account booking reservation tracking "
@@ -120,6 +138,8 @@ STREET_TYPES = {
     "ctr": "Center", "mtn": "Mountain", "grv": "Grove", "crk": "Creek", "hwys": "Highways", "cv": "Cove",
     "jct": "Junction", "sta": "Station", "vlg": "Village", "vly": "Valley", "vw": "View", "brg": "Bridge",
 }
+# Words before a capitalised "Dr."/"St." that make it a title ("The Dr. will see you").
+_BEFORE_A_TITLE = frozenset("the a an your my our his her their this that see ask call dear".split())
 # Street types that are also titles: (street, title).
 _STREET_OR_TITLE = {"dr": ("Drive", "Doctor"), "st": ("Street", "Saint")}
 #: Unit designators (USPS Publication 28, Appendix C2) read in full before their number.
@@ -128,6 +148,9 @@ UNIT_DESIGNATORS = {"apt": "Apartment", "ste": "Suite", "fl": "Floor", "flr": "F
 #: Directionals of an address.
 DIRECTIONS = {"N": "North", "S": "South", "E": "East", "W": "West", "NE": "Northeast", "NW": "Northwest",
               "SE": "Southeast", "SW": "Southwest"}
+# Words before a unit's (or room's) number: "12C" after them is no temperature.
+_UNIT_NUMBER_CUES = frozenset(UNIT_DESIGNATORS) | frozenset("unit room suite apartment gate seat row platform "
+                                                             "building floor level".split())
 #: Words whose reading depends on the word after (the normaliser holds them for it).
 NEEDS_NEXT = frozenset(_STREET_OR_TITLE) | frozenset(UNIT_DESIGNATORS) | {"ft"} | {d.lower() for d in DIRECTIONS}
 #: How "am" and "pm" after a time are said.
@@ -162,7 +185,7 @@ _DIGITS_ONLY = re.compile(r"^\d+$")
 _DIGIT_GROUPS = re.compile(r"^\d+(?:-\d+)+$")
 _ANY_DIGIT = re.compile(r"\d")
 _CLOCK_OR_RANGE = re.compile(r"\d{1,2}(?::\d{2})?(?:[-–]\d{1,2}(?::\d{2})?)?")
-_DECIMAL_RATING = re.compile(r"^(?P<a>\d+\.\d+)/(?P<b>\d+)$")
+_DECIMAL_RATING = re.compile(r"^(?P<a>\d+(?:\.\d+)?)/(?P<b>\d+)$")
 _RANGE = re.compile(r"^(?P<a>[^-–—]+)[-–—](?P<b>[^-–—]+)$")
 _RANGE_SIDE = re.compile(r"^(?:US\$|[$€£¥₹₨₩])?\d")
 _NUM_RANGE = re.compile(rf"^{_NUM}[-–](?P<n>{_NUM})$")
@@ -228,14 +251,14 @@ def read(word: str, context: Context) -> tuple[str | None, str]:
     if not core:
         return None, ""
     if core.isalpha() and not core.isupper() and not (context.before and _ANY_DIGIT.search(context.before[-1])):
-        return _classic(core, trail, context) or (None, "")  # an ordinary word: the fast path
-    for rule in _RULES:
-        got = rule(core, trail, context)
-        if got is not None:
-            break
+        got = _classic(core, trail, context) or (None, "")  # an ordinary word: the fast path
+        if not trail.startswith(_DASHES):
+            return got
     else:
-        got = None, ""
+        got = next((g for rule in _RULES if (g := rule(core, trail, context)) is not None), (None, ""))
     if opens_range(word, context.nxt):
+        if core.lower() in _DAY_NAMES:
+            return f"{_DAY_NAMES[core.lower()]} through", "range"
         return f"{got[0] or core} {'and' if context.prev == 'between' else 'to'}", "range"
     return got
 
@@ -244,8 +267,11 @@ def opens_range(word: str, nxt: str | None) -> bool:
     """Whether ``word`` ends with a dash that opens a range with the word after (``$10–`` then
     ``$20``, ``9am–`` then ``5pm``): the dash is said "to" (the reader drops it)."""
     lead, core, trail = split(word)
-    return (trail.startswith(_DASHES) and bool(_RANGE_SIDE.match(core)) and nxt is not None
-            and bool(_RANGE_SIDE.match(split(nxt)[1])))
+    if not trail.startswith(_DASHES) or nxt is None:
+        return False
+    after = split(nxt)[1]
+    return bool((_RANGE_SIDE.match(core) or _AMPM.match(core)) and _RANGE_SIDE.match(after)
+                or (core.lower() in _DAY_NAMES and after.lower() in _DAY_NAMES))
 
 
 def split(word: str) -> tuple[str, str, str]:
@@ -373,8 +399,8 @@ def _date(core: str, trail: str, c: Context):
         return None
     if m := _SLASH_DATE.match(core):
         return _slash(int(m["a"]), int(m["b"]), m["y"], c)
-    if (m := _DECIMAL_RATING.match(core)) and int(m["b"]) in _RATING_SCALES:
-        return f"{number(m['a'])} out of {v.cardinal(int(m['b']))}", "number"  # "4.5/5"
+    if (m := _DECIMAL_RATING.match(core)) and int(m["b"]) in _RATING_SCALES and Decimal(m["a"]) <= int(m["b"]):
+        return f"{number(m['a'])} out of {v.cardinal(int(m['b']))}", "number"  # "4.5/5", "85/100"
     if _DIGITS_ONLY.match(core) or _ORDINAL.match(core):  # a day next to its month
         n = int(re.match(r"\d+", core).group())
         if 1 <= n <= 31 and (c.prev in _MONTH_OF and (c.prev != "may" or c.before[-1][:1] == "M")):
@@ -401,14 +427,16 @@ def _fraction(a: int, b: int, mixed: bool = False) -> str:
 
 
 def _slash(a: int, b: int, year: str | None, c: Context):
-    """``a/b`` or ``a/b/year``: a date only where a date reads, otherwise what a person says.
+    """``a/b`` or ``a/b/year``: what a person reads there, in this order.
 
-    A date: with a year, after a date word (``due 6/12``, ``on 3/14``, a weekday), after a range
-    word that follows a date (``from 6/1 to 6/5``), or when nothing else reads (``12/25``,
-    ``7/4``). Otherwise: a saying (``24/7`` "twenty-four seven", ``50/50`` "fifty-fifty"), a
-    rating on a 5, 10 or 100 scale (``9/10`` "nine out of ten", not before "of"), a fraction of a
-    common denominator (``1/2``, ``3/8``, ``5/16``; after a whole number a mixed number: ``2 1/2``
-    "two and a half").
+    A date with a year, after a date word, weekday or date noun (``due 6/12``, ``the deadline
+    is 6/12``), after a range word that follows a date (``from 6/1 to 6/5``) or before "at";
+    a saying (``24/7`` "twenty-four seven", ``50/50`` "fifty-fifty"); a mixed number after a
+    whole one (``2 1/2`` "two and a half"); ``1/2 off`` "half"; a fraction before "of" or a
+    measure (``3/5 of``, ``1/5 cup``) or a reduced one of :data:`_PLAIN_DENOMINATORS` (``2/3``,
+    ``5/16``); a rating on a 5, 10 or 100 scale after a rating word, before a plural noun or
+    where no date can be (``rate it 9/10``, ``9/10 dentists``, ``10/10``); else a date where
+    one can be (``arrive 6/12``, ``12/25``), a fraction of a common denominator, or nothing.
     """
     month, day = (a, b) if a <= 12 else (b, a)
     is_date = 1 <= month <= 12 and 1 <= day <= 31
@@ -424,12 +452,18 @@ def _slash(a: int, b: int, year: str | None, c: Context):
     fraction = 0 < a < b and b in _DENOMINATORS
     if fraction and c.before and _DIGITS_ONLY.match(c.before[-1]):
         return _fraction(a, b, mixed=True), "number"
-    if b in _RATING_SCALES and a <= b and c.next != "of":
-        return f"{v.cardinal(a)} out of {v.cardinal(b)}", "number"
-    if fraction:
+    if (a, b) == (1, 2) and c.next in _HALF_BEFORE:
+        return "half", "number"  # "1/2 off", "1/2 an hour"
+    if fraction and (c.next == "of" or c.next in _MEASURES or (math.gcd(a, b) == 1 and b in _PLAIN_DENOMINATORS)):
         return _fraction(a, b), "number"
+    rating_cue = any(bare(w) in _RATING_CUES for w in c.before[-3:])  # "rate the room 9/10"
+    if b in _RATING_SCALES and a <= b and (rating_cue or v._looks_plural(c.next) or c.next in _RATING_NEXT
+                                            or a == b or not is_date):
+        return f"{v.cardinal(a)} out of {v.cardinal(b)}", "number"
     if is_date:
         return f"{MONTHS[month - 1]} {_ordinal(day)}", "date"
+    if fraction:
+        return _fraction(a, b), "number"
     return None
 
 
@@ -488,6 +522,8 @@ def _unit_name(unit: str, glued: bool) -> tuple[str, str] | None:
 
 
 def _unit(core: str, trail: str, c: Context):
+    if c.prev in _UNIT_NUMBER_CUES:
+        return None  # "Apt 12C", "Room 3F": a unit's number, not degrees
     if (m := _WITH_UNIT.match(core)) and (names := _unit_name(m["unit"], True)):
         said = number(m["n"], m["sign"])
         if said is not None:
@@ -551,6 +587,8 @@ def _code(core: str, trail: str, c: Context):
 
 def _money(core: str, trail: str, c: Context):
     spoken = v._money(core, c.nxt) or v._scale_after_money(core, c.before)
+    if spoken and c.prev == "between":
+        spoken = spoken.replace(" to ", " and ", 1)  # "between $5-$10": "between five and ten dollars"
     return (spoken, "money") if spoken else None
 
 
@@ -576,10 +614,14 @@ def _address_word(core: str, trail: str, c: Context):
     nxt = split(c.nxt)[1] if c.nxt is not None else ""
     if key in _STREET_OR_TITLE:
         street, title = _STREET_OR_TITLE[key]
-        after_street = _names_a_street(c)
-        if after_street or (before[:1].isupper() and not nxt[:1].isupper()):
+        name_after = nxt[:1].isupper()
+        if _DIGITS_ONLY.match(before) and name_after:
+            return title, "word"  # "10 St. Mary's Rd.", "1 Dr. Martin Luther King Blvd."
+        if _names_a_street(c) or (before[:1].isupper() and before.lower() not in _BEFORE_A_TITLE and not name_after):
             return street, "word"
         return title, "word"
+    if core.isupper() and len(core) > 1 and core not in DIRECTIONS:
+        return None  # "FL 32801", "CT": a state's code, not "Floor", "Court"
     if key in STREET_TYPES and (dotted or _names_a_street(c, sentence_start=True)):
         return STREET_TYPES[key], "word"
     if key == "ft" and not (c.before and c.before[-1] == before and _NUMBER.match(before)) and (
@@ -587,8 +629,9 @@ def _address_word(core: str, trail: str, c: Context):
         return "Fort", "word"
     if key in UNIT_DESIGNATORS and (nxt[:1].isdigit() or nxt[:1] == "#" or (dotted and key in ("apt", "bldg", "dept"))):
         return UNIT_DESIGNATORS[key], "word"
+    street_next = nxt[:1].isupper() or bool(_ORDINAL.match(nxt))  # "N Main", "W 34th"
     if core in DIRECTIONS and (before.lower() in STREET_TYPES or before.lower() in _STREET_OR_TITLE
-                               or (_DIGITS_ONLY.match(before) and nxt[:1].isupper())):
+                               or ((_DIGITS_ONLY.match(before) or before.lower() in ("on", "onto")) and street_next)):
         return DIRECTIONS[core], "word"
     return None
 
@@ -627,20 +670,32 @@ def _range(core: str, trail: str, c: Context):
     if not m:
         return None
     a, b = m["a"], m["b"]
-    if (first := _DAY_NAMES.get(a.lower())) and (last := _DAY_NAMES.get(b.lower())):
+    if (first := _DAY_NAMES.get(a.lower().rstrip("."))) and (last := _DAY_NAMES.get(b.lower().rstrip("."))):
         return f"{first} through {last}", "date"
-    if not (_RANGE_SIDE.match(a) and _RANGE_SIDE.match(b)):
-        return None
+    if not ((_RANGE_SIDE.match(a) or _AMPM.match(a)) and _RANGE_SIDE.match(b)):
+        return None  # ("9 AM-5 PM": "AM-5" is a side's end and the next one's start)
     if a.isdigit() and b.isdigit() and (int(a), int(b)) in _DASHED_SAYINGS:
         return _SAYINGS[int(a), int(b)], "number"  # "24-7", "50-50"
     left, left_kind = read(a, Context(c.before, c.nxt))
-    right, _ = read(b, Context([*c.before, a], c.nxt))
+    if left_kind == "date" and b.isdigit() and 1 <= int(b) <= 31:
+        right = _ordinal(int(b))  # "June 1-5": "June first to fifth"
+    else:
+        right, _ = read(b, Context([*c.before, a], c.nxt))
     if left is None or right is None:
         return None
+    return f"{_shared_unit_once(left, left_kind, right)} {'and' if c.prev == 'between' else 'to'} {right}", "number"
+
+
+def _shared_unit_once(left: str, kind: str, right: str) -> str:
+    """The left side of a range without the unit the right side ends with too ("ten dollars"
+    before "twenty dollars" → "ten"; "nine AM" before "eleven AM" → "nine"), a number word
+    never ("nine thirty" before "ten thirty" stays)."""
     head, _, unit = left.rpartition(" ")
-    if head and left_kind in ("money", "percent", "unit", "time") and right.endswith(" " + unit):
-        left = head  # "ten dollars to twenty dollars" → "ten to twenty dollars"
-    return f"{left} {'and' if c.prev == 'between' else 'to'} {right}", "number"
+    if head and kind in ("money", "percent", "unit", "time") and right.endswith(" " + unit) \
+            and unit.split("-")[-1].lower() not in _NUMBER_WORDS \
+            and all(w in _NUMBER_WORDS for w in re.split(r"[ -]", head.lower())):
+        return head
+    return left
 
 
 def _plain_number(core: str, trail: str, c: Context):

@@ -10,7 +10,8 @@ What is kept:
 - clause and sentence punctuation ``. , ; : ! ?``, quotes and apostrophes (``' " ‘ ’ “ ” « »``),
   ``… — – ¿ ¡``, so ``3.14``, ``10:30``, ``5,000``, ``don't`` and ``"Hi,"`` survive;
 - ``-`` inside a word (``well-known``, ``5-6``, ``$10-$20``) and before a number (``-5``); a
-  spaced ``-`` after a word with a digit is a range's dash (``$10 - $20`` → ``$10–`` ``$20``); ``/`` between
+  spaced ``-`` after a word with a digit, ``AM``/``PM`` or a day or month name is a range's
+  dash (``$10 - $20`` → ``$10–`` ``$20``); ``/`` between
   digits (``1/2``); ``&`` and ``@`` between letters (``AT&T``, emails); a lone ``&`` becomes ``and``;
 - ``%``, ``°`` and the currency signs espeak-ng reads aloud in English (``$ ¢ £ ¥ € ₹ ₨ ₩``):
   ``$5`` is "five dollars" to the front-end. Other currency signs (``₿``, ``₽``…) are silent
@@ -57,6 +58,10 @@ _TRAILING = _CLAUSE_END | frozenset(")]}’”»%°")
 _ATTACHABLE = _CLAUSE_END | frozenset(_CLOSERS) | frozenset("%")
 # Variation selectors (emoji/text presentation), dropped even though they are marks.
 _DIGIT = re.compile(r"\d")
+# Words that may end a range's first side besides numbers: "9 AM - 5 PM", "Mon - Fri".
+_RANGE_ENDS = frozenset("am pm monday tuesday wednesday thursday friday saturday sunday mon tue tues wed "
+                        "thu thur thurs fri sat sun january february march april may june july august september "
+                        "october november december jan feb mar apr jun jul aug sep sept oct nov dec".split())
 _VARIATION = re.compile(r"[\ufe00-\ufe0f\U000e0100-\U000e01ef]")
 
 _FENCE = re.compile(r"^(```|~~~)")
@@ -170,8 +175,8 @@ def append_word(words: list[str], raw: str, is_open: bool) -> bool:
         Whether ``words[-1]`` may still take trailing punctuation: true after a speakable word
         that does not end a clause, false once a raw word with a letter or digit follows it.
     """
-    if raw in ("-", "–") and is_open and _DIGIT.search(words[-1]):
-        words[-1] += "–"  # "$10 - $20", "9am - 5pm": a range's dash (said "to" by the normaliser)
+    if raw in ("-", "–") and is_open and (_DIGIT.search(words[-1]) or words[-1].lower() in _RANGE_ENDS):
+        words[-1] += "–"  # "$10 - $20", "9 AM - 5 PM", "Monday - Friday": a range's dash ("to")
         return False
     if has_speech(raw):
         is_open = False
@@ -225,8 +230,8 @@ def _keep_punct(ch: str, prev: str, nxt: str) -> bool:
     if ch in _KEEP or ch in CURRENCY:
         return True
     if ch == "-":
-        if prev.isdigit() and nxt in CURRENCY:
-            return True  # a range of amounts: "$10-$20"
+        if (prev.isalnum() and nxt in CURRENCY) or (prev == "%" and nxt.isdigit()):
+            return True  # a range of amounts: "$10-$20", "$1k-$2k", "10%-20%"
         return nxt.isalnum() and (prev.isalnum() or (prev in ("", *CURRENCY) and nxt.isdigit()))
     if ch == "/":
         return prev.isdigit() and nxt.isdigit()

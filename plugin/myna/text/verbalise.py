@@ -203,8 +203,8 @@ def _plural(words: str) -> str:
 def _money(core: str, nxt: str | None) -> str | None:
     if r := _MONEY_RANGE.match(core):  # "$5-10" → "five to ten dollars"
         a, b = _amount(r["a"], r["cur"] == "€"), _amount(r["b"], r["cur"] == "€")
-        if a is None or b is None:
-            return None
+        if a is None or b is None or a % 1 or b % 1:
+            return None  # (with cents each side is an amount: the normaliser's range reads them)
         return f"{cardinal(a)} to {cardinal(b)} {CURRENCIES[r['cur']][1]}"
     m = _MONEY.match(core)
     if not m:
