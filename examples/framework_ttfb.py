@@ -13,7 +13,7 @@ Run it in the loopback-only namespace, e.g.::
     unshare -n sh -c 'ip link set lo up; .venv/bin/python examples/framework_ttfb.py'
 
 Prints p50 / min / max in ms over ``--n`` replies per framework and mode. The machine is
-shared and noisy: compare figures from one run only (DESIGN.md §4).
+shared and noisy: compare figures from one run only.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ Run (needs the ``pipecat`` extra: ``bash scripts/setup.sh pipecat``)::
 then open http://127.0.0.1:7860/ in a browser on the same machine and press *Connect*.
 TTFB per reply (Pipecat's own metric, first token in → first audio out) is logged.
 
-No STUN/TURN server is used (DESIGN.md §5): the browser must reach this host directly. When
+No STUN/TURN server is used: the browser must reach this host directly. When
 bound to a loopback address, 127.0.0.1 is offered as an ICE candidate (like ``myna serve``).
 """
 

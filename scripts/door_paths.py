@@ -9,7 +9,7 @@ is counted (model code included: the embedded voice's engine, the text front end
 doors: WebRTC (``myna serve`` and an aiortc client), the WebSocket (the same worker), a LiveKit
 room (``myna room`` and a Python participant; needs livekit-server, ``scripts/setup.sh dev``) and
 the in-process plug-in backend. ``--checkout`` measures another checkout (an older commit, say)
-with this one's clients: the doors' contract is the same. Loopback only (DESIGN.md §5).
+with this one's clients: the doors' contract is the same. Loopback only.
 """
 
 from __future__ import annotations

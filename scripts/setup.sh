@@ -22,7 +22,7 @@ pip() {
     /^ *Using cached / { print "  cached " $3; fflush() }
     /^Installing collected packages:/ { print "  installing " split($0, names, ",") " packages..."; fflush() }'
 }
-# torch first, exactly this version (DESIGN.md §8): a looser request may pick another build. From PyPI
+# torch first, exactly this version: a looser request may pick another build. From PyPI
 # this is the CUDA build with its nvidia-* wheels (several GB); it runs on the CPU.
 torch_first() {
   .venv/bin/python -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "2.13.0")' 2>/dev/null \

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install what the tests need (Python packages, Debian chromium) and run them all.
-# The run happens in a network namespace that holds only `lo` (DESIGN.md §5): nothing a test
+# The run happens in a network namespace that holds only `lo`: nothing a test
 # does can leave loopback. Each run writes test-artifacts/durations.txt (wall time, the slowest
 # tests) and prints its head.
 #   bash scripts/test.sh               everything, one process (what CI runs)

@@ -1,4 +1,4 @@
-"""The error types behind every contract ``error`` (DESIGN.md §3): a ``code`` and a ``message``.
+"""The error types behind every contract ``error``: a ``code`` and a ``message``.
 
 Each layer raises its own subclass (an engine's :class:`~myna.engines.EngineError`, a client
 message's :class:`~myna.messages.BadMessage`, the worker's HTTP refusals), and whoever

@@ -1,4 +1,4 @@
-"""The contract's events (DESIGN.md §3): one small type each, turned into JSON in one place.
+"""The contract's events: one small type each, turned into JSON in one place.
 
 The worker sends these on the data channel, the WebSocket (``/v1/tts/stream``) and in LiveKit
 rooms, and the in-process plug-ins read them as they are. Code that produces an event builds

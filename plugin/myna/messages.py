@@ -1,4 +1,4 @@
-"""The contract's client messages (DESIGN.md §3): one small type each, parsed from JSON in one place.
+"""The contract's client messages: one small type each, parsed from JSON in one place.
 
 The mirror of :mod:`myna.events`. A door that receives JSON (the data channel, the WebSocket,
 a LiveKit data packet) calls :func:`parse_message` once and hands the typed message to its

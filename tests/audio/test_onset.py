@@ -1,4 +1,4 @@
-"""Onset detection (DESIGN.md §4) against known signals."""
+"""Onset detection against known signals."""
 
 import numpy as np
 import pytest

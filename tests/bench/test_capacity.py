@@ -1,7 +1,7 @@
 """``myna bench capacity``: the load's shape, the packet-level onset and silence, the bound and
 the capacity read from a ramp, and a real run against a worker over WebRTC on loopback.
 
-The run needs a loopback-only network namespace (DESIGN.md §5)::
+The run needs a loopback-only network namespace::
 
     unshare -n sh -c 'ip link set lo up; . .venv/bin/activate; python -m pytest tests/bench/test_capacity.py -q'
 """

@@ -2,7 +2,7 @@
 WebRTC on loopback with a busy CPU process beside it: the embedded voice's three strategies at
 concurrency 1 and 4, races between them, and a session joining two that speak long replies.
 
-The run needs a loopback-only network namespace (DESIGN.md §5)::
+The run needs a loopback-only network namespace::
 
     unshare -n sh -c 'ip link set lo up; . .venv/bin/activate; python -m pytest tests/bench -q'
 """

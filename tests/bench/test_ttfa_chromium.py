@@ -1,7 +1,7 @@
 """``myna bench ttfa --client chromium`` (issue 22): TTFA as a listener hears it, in real Chromium.
 
 Debian's Chromium (``/usr/bin/chromium``) driven by Python Playwright, as the browser tests do;
-the run needs a loopback-only network namespace (DESIGN.md §5)::
+the run needs a loopback-only network namespace::
 
     unshare -n sh -c 'ip link set lo up; . .venv/bin/activate; python -m pytest tests/bench/test_ttfa_chromium.py -q'
 """

@@ -1,6 +1,6 @@
 """Headless Chromium drives the latency-race page against a running ``myna serve`` (issues 2 and 6).
 
-Run inside a loopback-only network namespace (DESIGN.md §5), as root::
+Run inside a loopback-only network namespace, as root::
 
     unshare -n sh -c 'ip link set lo up; . .venv/bin/activate; python -m pytest tests/e2e/test_browser.py -q -x'
 

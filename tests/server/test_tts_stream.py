@@ -1,4 +1,4 @@
-"""``GET /v1/tts/stream`` against a running ``myna serve`` on loopback (DESIGN.md §3).
+"""``GET /v1/tts/stream`` against a running ``myna serve`` on loopback.
 
 Runs in the loopback-only namespace (``unshare -n``; see ``scripts/test.sh``).
 """

@@ -1,4 +1,4 @@
-"""Audible onset detection (DESIGN.md §4, the Coval/Gradium convention).
+"""Audible onset detection (the Coval/Gradium convention).
 
 Audible means: the first 10 ms window, moved in 1 ms hops, whose mean-removed RMS exceeds
 0.01 of full scale. That window locates the onset only to within 10 ms (a loud sound starting

@@ -13,7 +13,7 @@ conversation is one WebRTC session (the same signaling and data-channel messages
 The number of conversations rises in steps (``--levels``); each step is held until it has
 ``--replies`` measured replies (those whose first token was sent once every conversation of the
 step had joined). Per step: **arrival TTFA** of every reply (first chunk sent → arrival of the
-packet that carries the first audible sample; DESIGN.md §4) p50/p95/p99; the worker's own
+packet that carries the first audible sample) p50/p95/p99; the worker's own
 ``server_ttfa_ms``; **gaps** per minute of speech (the pauses of a frame or more the worker
 reports in ``turn_done.gaps``, plus every stall the client saw: packets more than :data:`STALL_S` apart while a reply plays);
 **underruns** (``turn_done.underruns``); **barge-in to silence** (``interrupt`` sent → arrival of

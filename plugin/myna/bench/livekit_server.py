@@ -2,8 +2,8 @@
 
 ``scripts/setup.sh dev`` installs ``livekit-server`` v1.13.5 into the project's git-ignored
 ``.lk/bin/`` (with ``go install``) and Redis from Debian. :class:`LiveKitServer` starts one node
-from a YAML config that keeps everything on this host (checked key by key against v1.13.5 in
-``../shared/research/livekit.md`` §1.5): signalling bound to 127.0.0.1, a fixed
+from a YAML config that keeps everything on this host (checked key by key against v1.13.5's
+``config-sample.yaml``): signalling bound to 127.0.0.1, a fixed
 ``node_ip``, no external-IP discovery, a non-empty ``stun_servers`` so the server hands no
 public STUN server to clients, one UDP port, no ICE/TCP port. Two nodes share a
 :class:`RedisServer`; each then needs its own ports.

@@ -410,7 +410,7 @@ IDLE_LEVELS = [4, 16]
 
 
 def _loopback_only() -> None:
-    """ICE host candidates: 127.0.0.1 and nothing else (DESIGN.md §5)."""
+    """ICE host candidates: 127.0.0.1 and nothing else."""
     import aioice.ice
 
     aioice.ice.get_host_addresses = lambda use_ipv4, use_ipv6: ["127.0.0.1"]

@@ -8,7 +8,7 @@ here. Everything is measured side by side in one run:
 1. **Perceived TTFA at 1 session.** The same text at the same token rate, turns alternating
    between a direct session (:class:`myna.rtc.client.MynaClient`) and a room participant
    (:class:`myna.bench.room_client.RoomClient`, text over ``myna.text``); first text chunk sent →
-   first audible sample received (DESIGN.md §4). Each client is its transport's natural
+   first audible sample received (myna.audio.onset). Each client is its transport's natural
    receiver (aiortc; libwebrtc with its jitter buffer).
 2. **Interrupt.** Mid-turn barge-ins: how long after the interrupt returned (the RPC's answer
    in the room; the data-channel send on the direct path) audio of the turn was still heard.

@@ -4,7 +4,7 @@ transport, by one client per session.
 A :class:`System` is one lane: a server URL, the engine (or pipeline) to ask for, and the
 transport that reaches it. :data:`TRANSPORTS` maps a transport name to a function opening a
 client session for a system; every client answers ``speak(text, tokens_per_s)`` with a
-:class:`myna.rtc.client.TurnResult` measured by the same onset rule (DESIGN.md §4). Today:
+:class:`myna.rtc.client.TurnResult` measured by the same onset rule (myna.audio.onset). Today:
 
 - ``webrtc``: :class:`myna.rtc.client.MynaClient`, the aiortc client (``POST /api/offer``, a
   data channel, one received audio track). It reaches a Myna worker and, unchanged, the Pipecat

@@ -2,7 +2,7 @@
 
 Every figure is measured the same way for every system: an aiortc client
 (:mod:`myna.bench.systems`) streams a reply's text as LLM-like token chunks (or sends it whole)
-and TTFA is read on the received audio (DESIGN.md §4: first text chunk sent → first audible
+and TTFA is read on the received audio (first text chunk sent → first audible
 sample received), two ways (:mod:`myna.rtc.client`): **arrival** TTFA, when the packet carrying
 the first audible sample arrives (decoded on arrival, no receive jitter buffer: the convention
 of Coval's benchmarks; the headline figure, and the one ratios use), and **perceived** TTFA,

@@ -1,4 +1,4 @@
-"""Our PyTorch port of Kyutai's delayed-streams-modeling (DSM) TTS (``shared/research/dsm_spec.md``).
+"""Our PyTorch port of Kyutai's delayed-streams-modeling (DSM) TTS.
 
 - :func:`load` reads a released checkpoint (``kyutai/tts-1.6b-en_fr`` layout) into a :class:`DSMTTS`;
 - :meth:`DSMTTS.synthesize` turns text and a voice into 24 kHz PCM;

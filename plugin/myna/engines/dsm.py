@@ -3,7 +3,7 @@ the batched frame loop (:class:`myna.dsm.loop.FrameLoop`).
 
 Every turn is a slot of the one loop thread that owns the model: words go to the slot as they
 arrive, 80 ms PCM frames (24 kHz, 1920 samples) and word events come back through the event loop
-(``call_soon_threadsafe``). The model never runs on the event loop (DESIGN.md §2).
+(``call_soon_threadsafe``). The model never runs on the event loop.
 
 Phrase cache (:mod:`myna.engines.phrase_cache`): a DSM turn has no unit boundary (each word's
 audio depends on the text around it), so only whole short turns are cached: a turn of at most

@@ -16,7 +16,7 @@ whether the events come as objects or as JSON.
   embedded Piper voice by default, built as ``myna serve`` builds it:
   :func:`myna.engines.build.build_engines`) or one the caller started; its output is an
   :class:`~myna.audio.unpaced.UnpacedOutput` at the backend's rate.
-- :class:`RemoteBackend` talks to ``GET /v1/tts/stream`` on a running worker (DESIGN.md §3).
+- :class:`RemoteBackend` talks to ``GET /v1/tts/stream`` on a running worker.
 
 Either way a session carries one turn at a time (a WebSocket connection, remotely); idle ones
 are pooled, so a new turn usually starts on a warm session (remotely: no handshake inside time

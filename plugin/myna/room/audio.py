@@ -3,8 +3,8 @@
 In a LiveKit room the SDK (its Rust core) encodes Opus and paces the track natively: a 10 ms
 task takes 10 ms from the source's buffer and sends silence when the buffer is empty.
 ``capture_frame`` returns at once while the buffer holds at most ``queue_size_ms`` and waits
-otherwise, so awaiting it paces the producer on the sender's own clock. (Measured behaviour and
-traps: ``../shared/research/livekit.md`` §2.3.)
+otherwise, so awaiting it paces the producer on the sender's own clock (measured against the
+``livekit`` SDK this project pins).
 
 :class:`SourceOutput` is the session's :class:`~myna.session.TurnOutput`: the same
 :class:`~myna.audio.playout.Playout` as the WebRTC path (pre-roll, underruns, barge-in fade,

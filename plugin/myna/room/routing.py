@@ -89,7 +89,7 @@ class Router:
 
     # -- in ---------------------------------------------------------------------------------
     def packet(self, identity: str, raw: bytes | str) -> None:
-        """A data packet on topic ``myna``: one contract message (DESIGN.md §3), within the
+        """A data packet on topic ``myna``: one contract message, within the
         sender's message rate."""
         rate = None
         if self._message_rate is not None:

@@ -3,7 +3,7 @@
 It connects the way a browser does (``POST /api/offer``, a ``"myna"`` data channel, one
 receive-only audio transceiver, no STUN), streams a turn's text as token-sized chunks at a
 chosen rate, records the decoded audio with arrival times, and measures TTFA on the received
-samples by the method of DESIGN.md §4, two ways:
+samples by the audible-onset rule (myna.audio.onset), two ways:
 
 - **arrival TTFA**: first chunk sent → the arrival of the RTP packet that carries the first
   audible sample (plus the onset's place in it): the packet decoded as it arrives, with no

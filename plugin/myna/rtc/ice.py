@@ -4,7 +4,7 @@ aioice never offers 127.0.0.1 as a host candidate (RFC 8445 §5.1.1.1 forbids lo
 candidates), so in a namespace that holds only ``lo`` a peer gathers nothing and ICE never
 starts. Loopback mode wraps ``aioice.ice.get_host_addresses`` so it also returns the loopback
 addresses; aioice looks the function up at gathering time, so replacing the module attribute
-works for every later peer connection (DESIGN.md §5).
+works for every later peer connection.
 
 Consent freshness (RFC 7675): aioice sends each consent check once, counts no answer within
 0.5 s as a failure and closes the connection after a few such failures, so a live client whose

@@ -1,7 +1,7 @@
 """The outgoing audio track: one 20 ms frame per absolute monotonic deadline.
 
-aiortc's sender never paces: it calls ``recv()`` in a loop and sends whatever it gets (see
-``../shared/research/ecosystem.md`` §3.1). So ``recv()`` is the clock. Frame ``n`` is due at
+aiortc's sender never paces: it calls ``recv()`` in a loop and sends whatever it gets
+(``aiortc.rtcrtpsender.RTCRtpSender._run_rtp``). So ``recv()`` is the clock. Frame ``n`` is due at
 ``start + n × 20 ms`` on the monotonic clock (never accumulated sleeps, so no drift); after a
 late wake-up at most :data:`MAX_CATCH_UP` frames go out back to back, and beyond that the
 schedule is moved forward instead of bursting. ``pts`` rises by exactly 960 per frame for the

@@ -1,4 +1,4 @@
-"""The worker's aiohttp application: its engines and sessions, and the HTTP routes (DESIGN.md §3).
+"""The worker's aiohttp application: its engines and sessions, and the HTTP routes.
 
 Routes:
 

@@ -1,4 +1,4 @@
-"""The WebSocket door: streaming TTS over ``GET /v1/tts/stream`` (DESIGN.md §3).
+"""The WebSocket door: streaming TTS over ``GET /v1/tts/stream``.
 
 For framework plug-ins and other servers that pace audio themselves. One connection carries
 one :class:`~myna.session.Session` whose output is an

@@ -12,7 +12,7 @@
 //   "level"  {peak, rms}         about every 10 ms while connected
 //   "error"  {code, message, turn_id?}
 //
-// How perceived TTFA is measured (DESIGN.md §4)
+// How perceived TTFA is measured
 // ---------------------------------------------
 // The received MediaStream plays through an <audio> element (Chromium decodes only what it
 // plays) and also feeds an AudioWorklet tap (onset-worklet.js) on one shared 48 kHz
@@ -38,7 +38,7 @@
 // includes everything up to the page's audio graph (network, Chromium's jitter buffer, Opus
 // decode, the WebRTC→Web Audio FIFO); the output device's latency after the graph is excluded.
 // Cross-check on loopback: onsets read 25–42 ms after the RTP receiver's own
-// getSynchronizationSources() audioLevel rose, the range DESIGN.md §5 reports for an analyser.
+// getSynchronizationSources() audioLevel rose, the range measured for an analyser.
 
 import { tokenChunks } from "./tokens.js";
 import { askForToken, authHeaders } from "./auth.js";

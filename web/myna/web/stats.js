@@ -1,4 +1,4 @@
-// Summary statistics of recorded races: TTFA p50, IQR, p95 and n (DESIGN.md §4), and who won.
+// Summary statistics of recorded races: TTFA p50, IQR, p95 and n, and who won.
 
 /** Fewest samples each statistic needs to mean something: a quartile needs a sample in each
  * quarter, a 95th percentile at least one sample above it. Below that it is null (shown "—"). */
