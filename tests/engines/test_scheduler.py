@@ -240,10 +240,11 @@ class VirtualPiper:
 
     HOP = 256
 
-    def __init__(self, job_s: float = 0.0):
+    def __init__(self, job_s: float = 0.0, lead: int = 0):
         self.engine = PiperEngine(workers=1, horizon_s=120.0)  # (the horizon is tested above)
         self.engine._voice = object()  # "loaded"
         self.job_s = job_s
+        self.lead = lead  # frames of quiet lead-in before each unit's first word
         self.jobs: list[dict] = []
         self.engine.encode_unit = self._encode
         self.engine.render = self._render
@@ -266,8 +267,9 @@ class VirtualPiper:
     def _encode(self, text: str, speed: float = 1.0, voice: str | None = None) -> UnitLatent:
         time.sleep(self.job_s)
         words = text.split()
-        starts = [1000.0 * 2 * self.HOP * len(" ".join(words[:i])) / 22_050 for i in range(len(words))]
-        return UnitLatent([_FakeLatent(text, 2 * len(text))], starts, 2 * len(text) * self.HOP)
+        frames = 2 * len(text) + self.lead
+        starts = [1000.0 * self.HOP * (self.lead + 2 * len(" ".join(words[:i]))) / 22_050 for i in range(len(words))]
+        return UnitLatent([_FakeLatent(text, frames)], starts, frames * self.HOP)
 
     def _render(self, latent: _FakeLatent, start: int, end: int, voice: str | None = None) -> np.ndarray:
         time.sleep(self.job_s)
@@ -295,6 +297,20 @@ async def test_a_long_unit_is_one_latent_job_then_chunks_that_grow_never_a_cut_i
     assert chunks == growing and chunks[-1] == CHUNK_FRAMES  # small first, doubling, then capped
     assert sum(chunks) >= 2 * len(LONG_CLAUSE)  # every frame rendered
     assert [i.word for i in items if not isinstance(i, AudioChunk)] == LONG_CLAUSE.split()  # (words without stops)
+    piper.engine.scheduler.shutdown()
+
+
+async def test_a_turns_first_chunk_holds_its_frames_of_sound_after_the_quiet_lead_in():
+    """The output trims a turn's quiet lead-in, so the first chunk is rendered that much longer:
+    FIRST_CHUNK_FRAMES of sound go out first (with fewer, the next chunk was due ~40 ms into the
+    first word and came late under load: a gap inside it). Later chunks grow as before."""
+    piper = VirtualPiper(lead=5)
+    stream = piper.engine.stream()
+    stream.push_text(LONG_CLAUSE + ". " + LONG_CLAUSE + ".")
+    stream.end_input()
+    await _drain(stream)
+    chunks = [job["frames"] for job in piper.jobs if job["kind"] == "chunk"]
+    assert chunks[:4] == [5 + FIRST_CHUNK_FRAMES, 2 * FIRST_CHUNK_FRAMES, 4 * FIRST_CHUNK_FRAMES, 8 * FIRST_CHUNK_FRAMES]
     piper.engine.scheduler.shutdown()
 
 

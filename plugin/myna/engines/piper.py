@@ -11,7 +11,7 @@ and whole replies for the other strategies). Each unit is two kinds of job on th
 threads (:class:`~myna.engines.vits.SplitVoice`): its latent, once and whole (the unit's
 prosody is the sentence's: a unit is never cut for compute), then its audio in chunks of
 latent frames decoded with context on each side, so no join is heard. The first chunk of a turn
-is small (:data:`FIRST_CHUNK_FRAMES`, 93 ms of audio) and chunks grow to
+is small (:data:`FIRST_CHUNK_FRAMES`, 93 ms of sound after its quiet lead-in) and chunks grow to
 :data:`CHUNK_FRAMES` (1.1 s), so the first syllable waits for the unit's latent and one small
 chunk, and later chunks are cheap per second of audio.
 
@@ -142,6 +142,14 @@ class UnitLatent:
     latents: list
     starts_ms: list[float]
     samples: int
+
+    def lead_frames(self, sample_rate: int) -> int:
+        """Latent frames before the unit's first spoken word starts (its quiet lead-in), the
+        voice's rate ``sample_rate`` (Hz)."""
+        frames = sum(part.frames for part in self.latents)
+        if not self.starts_ms or self.samples <= 0:
+            return 0
+        return int(self.starts_ms[0] * sample_rate / 1000.0 * frames / self.samples)
 
 
 class PiperEngine(Engine):
@@ -795,6 +803,11 @@ class PiperStream(SynthesisStream):
             start = 0
             while start < part.frames:
                 end = start + self._chunk
+                if self._chunk == FIRST_CHUNK_FRAMES and start == 0:
+                    # The turn's first chunk: its quiet lead-in is trimmed on the way out, so it
+                    # carries FIRST_CHUNK_FRAMES of sound after it (with fewer, ~40 ms went out
+                    # and the next chunk came late: a gap inside the first word).
+                    end += latent.lead_frames(rate)
                 pcm = await self._job(unit, held, engine.render, part, start, end, self.voice)
                 if pcm is None:
                     return out if out.out_ms else None
