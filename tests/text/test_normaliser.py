@@ -143,11 +143,7 @@ def test_context_decides_fractions_ranges_and_addresses(text, said_as):
 
 @pytest.mark.parametrize("text", [text for text, _ in CONTEXT_CASES])
 def test_context_readings_do_not_depend_on_where_the_chunks_are_cut(text):
-    whole = _items([text])
-    for cut in range(1, len(text)):
-        if _SENTENCE_END.search(text[:cut]) and not text[cut].isspace():
-            continue  # (a cut right after "word.": a sentence end, see below)
-        assert _items([text[:cut], text[cut:]]) == whole, (text[:cut], text[cut:])
+    _assert_every_cut_gives_the_whole(text)
 
 
 @pytest.mark.parametrize("text", ["I am here.", "It is 5 o'clock", "Room C is free", "Call me in 5 minutes",
@@ -163,12 +159,19 @@ def test_chunks_cut_at_every_position_give_the_same_words(sentence):
     """A phone number, an address or a time split across LLM tokens anywhere is never read in
     halves: every cut into two chunks, and one character at a time, give what the whole text gives."""
     text = sentence["text"]
+    whole = _assert_every_cut_gives_the_whole(text)
+    assert _items(_characters(text)) == whole  # one character at a time
+
+
+def _assert_every_cut_gives_the_whole(text: str) -> list:
+    """Every cut of ``text`` into two chunks gives the words the whole text gives (returned),
+    but a cut right after "word." (a sentence end: see the next test)."""
     whole = _items([text])
     for cut in range(1, len(text)):
         if _SENTENCE_END.search(text[:cut]) and not text[cut].isspace():
-            continue  # (a cut right after "word.": see the next test)
+            continue
         assert _items([text[:cut], text[cut:]]) == whole, (text[:cut], text[cut:])
-    assert _items(_characters(text)) == whole  # one character at a time
+    return whole
 
 
 def _characters(text: str) -> list[str]:

@@ -225,8 +225,7 @@ class DeadlineScheduler:
                 heapq.heapify(self._ahead)
                 for job in started:
                     self._start(job, background=True)
-        due_in = [heap[0].deadline - lead - now for heap, lead in ((self._queue, self.horizon_s), (self._ahead, AHEAD_DUE_S))
-                  if heap]
+        due_in = [heap[0].deadline - lead - now for heap, lead in self._heaps_and_leads() if heap]
         if due_in:
             self._wake_in(min(due_in))
         if held:
@@ -238,9 +237,13 @@ class DeadlineScheduler:
         for heap in (self._queue, self._ahead):
             while heap and heap[0].future.done():  # dropped, or its caller gave up
                 heapq.heappop(heap)
-        due = [heap[0] for heap, lead in ((self._queue, self.horizon_s), (self._ahead, AHEAD_DUE_S))
-               if heap and heap[0].deadline <= now + lead]
+        due = [heap[0] for heap, lead in self._heaps_and_leads() if heap and heap[0].deadline <= now + lead]
         return min(due) if due else None
+
+    def _heaps_and_leads(self) -> tuple[tuple[list[_Job], float], ...]:
+        """Each queue with how long before its jobs' deadlines they are due (s): real-time jobs
+        the horizon, ahead jobs :data:`AHEAD_DUE_S`."""
+        return (self._queue, self.horizon_s), (self._ahead, AHEAD_DUE_S)
 
     def _start(self, job: _Job, background: bool) -> None:
         if not background:
