@@ -347,10 +347,49 @@ def test_bench_dsm_loop_tiny(tmp_path, capsys):
     parser = argparse.ArgumentParser()
     add_parsers(parser.add_subparsers(dest="cmd", required=True))
     out = tmp_path / "loop.json"
-    args = parser.parse_args(["dsm-loop", "--config", "tiny", "--sessions", "2", "--no-ref", "--device", "cpu",
-                              "--text", "Hello there, friend.", "--profile", "--json", str(out)])
+    args = parser.parse_args(["dsm-loop", "--config", "tiny", "--sessions", "1,2", "--no-ref", "--device", "cpu",
+                              "--text", "Hello there, friend.", "--profile", "--join", "--json", str(out)])
     assert args.func(args) == 0
-    assert "steps/s" in capsys.readouterr().out
-    row = json.loads(out.read_text())["results"][0]
-    assert row["sessions"] == 2 and row["ours"]["steps_per_s"] > 0 and row["ours"]["first_audio_steps"] == 21
-    assert 0 < row["ours"]["noise_ms_per_step"] + row["ours"]["copy_ms_per_step"] < row["ours"]["host_ms_per_step"]
+    table = capsys.readouterr().out
+    assert "steps/s" in table and "host ms per step by phase" in table and "joining" in table
+    rows = json.loads(out.read_text())["results"]
+    assert [row["sessions"] for row in rows] == [1, 2]
+    for row in rows:
+        ours = row["ours"]
+        assert ours["steps_per_s"] > 0 and ours["cpu_ms_per_step"] > 0 and ours["first_audio_steps"] == 21
+        assert 0 < ours["noise_ms_per_step"] + ours["copy_ms_per_step"] < ours["host_ms_per_step"]
+        phases = ours["phases_ms"]
+        assert sum(phases.values()) == pytest.approx(ours["host_ms_per_step"])
+        for phase in ("temporal", "depformer", "sampling", "mimi", "state machines", "hand-offs"):
+            assert phases[phase] > 0, phase
+        join = row["join"]
+        assert join["join_wait_steps"] <= 1 and join["join_first_audio_ms"] > 0 and join["lone_first_audio_ms"] > 0
+
+
+@pytest.mark.parametrize("listener_ahead", [True, False])
+def test_a_joiner_runs_its_text_only_lead_in_alone(loop, voice_path, listener_ahead):
+    """A session joining a busy loop steps its lead-in (the first ``delay_steps`` steps, text only)
+    without the others: back to back while they are a frame or more ahead of real time, every
+    other step when they are not. Its tokens are those it has alone either way."""
+    text = "Jack and Jill went."
+    alone = Turn(loop, voice_path, seed=3).say(text)
+    drive(loop)
+    first_audio = alone.session.first_audio_step + 1
+    lead_in = loop.cfg.delay_steps
+    talker = Turn(loop, voice_path, seed=5).say("a long reply that keeps the talker busy " * 4)
+    drive(loop, until=lambda: len(talker.pcm) >= 3)
+    if not listener_ahead:  # its listener has heard everything so far: no slack
+        loop.clock.now = talker.session.first_audio_time + talker.session.steps
+    heard_before = len(talker.pcm)
+    joiner = Turn(loop, voice_path, seed=3).say(text)
+    drive(loop, until=lambda: bool(joiner.pcm))
+    frames_meanwhile = len(talker.pcm) - heard_before
+    if listener_ahead:
+        assert frames_meanwhile <= first_audio - lead_in + 1
+    else:
+        assert first_audio - lead_in + lead_in // 2 - 1 <= frames_meanwhile <= first_audio - lead_in // 2 + 1
+    drive(loop, until=lambda: joiner.ended.is_set())
+    talker.session.cancel()
+    drive(loop)
+    assert joiner.ends == [None] and joiner.session.tokens == alone.session.tokens
+    np.testing.assert_allclose(joiner.audio, alone.audio, atol=1e-4)

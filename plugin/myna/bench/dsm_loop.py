@@ -9,12 +9,24 @@ better), steps to first audio (model steps until the first kept 80 ms frame) and
 first audio (turn start → that frame decoded). Ratios are ours / reference; for
 steps/s: above 1 means ours steps faster; RTF and ms: below 1 means ours is faster.
 
+Both sides also report **CPU ms per step**: the process's CPU time over the run divided by its
+steps. On a shared machine, wall-clock steps/s moves with whatever else runs (two intra-op threads
+that wait for each other suffer most); CPU time does not, so with ``--threads 1`` its ratio is the
+steadier comparison.
+
+``--join`` adds, per session count S, a session that opens while S − 1 others are running (past
+their first audio): the steps it waits for a slot, and its first-audio ms beside a lone
+session's (measured in the same round).
+
 ``--profile`` runs our loop thread under cProfile, timed in that thread's CPU time (so other
 processes on a shared machine do not count), and adds, per batched step, the host time of a step
-and the part of it spent drawing sampling noise (``exponential_``) and in copies between buffers
-and to the host (``copy_``, ``to``, ``cpu``, ``numpy``, ``tolist``). On a GPU the step's kernels
-run asynchronously, so this host time is what stands between two launches; on the CPU (with
-``--threads 1``) it also holds the compute.
+split by phase (:data:`PHASES`: the text state machines, token insertion, conditioning, the
+temporal transformer, the depformer's codebook loop, sampling, the token commit, Mimi decoding,
+noise draws, hand-offs to sessions, and the rest of the loop's own work), and the part spent in
+noise draws (``exponential_``) and copies (``copy_``, ``to``, ``cpu``, ``numpy``, ``tolist``).
+Profiling inflates Python-heavy phases (each call is counted), so compare phases within one run.
+On a GPU the step's kernels run asynchronously, so this host time is what stands between two
+launches; on the CPU it also holds the compute.
 """
 
 from __future__ import annotations
@@ -49,8 +61,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=1,
                    help="interleaved ours/ref runs per session count; medians are reported (default: %(default)s)")
     p.add_argument("--no-ref", action="store_true", help="time only ours")
+    p.add_argument("--join", action="store_true",
+                   help="also time a session joining S - 1 running ones: steps it waits, first-audio ms")
     p.add_argument("--profile", action="store_true",
-                   help="profile our loop thread: host ms per step, and the part in noise draws and copies")
+                   help="profile our loop thread: host ms per step by phase, noise draws and copies")
     p.add_argument("--json", dest="json_out", default=None, metavar="OUT", help="write the figures as JSON")
     p.set_defaults(func=run)
     return p
@@ -59,6 +73,22 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 #: Host-side calls counted as noise draws and as copies in ``--profile``.
 NOISE_CALLS = ("exponential_",)
 COPY_CALLS = ("copy_", "to", "cpu", "numpy", "tolist")
+
+#: ``--profile``'s phases of a loop turn: (phase, the functions whose cumulative time it is, as
+#: (module file, function name)). They do not nest in one another; "loop" is the rest of
+#: ``FrameLoop.tick`` (slot bookkeeping, exec masks, launching the phases).
+PHASES: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
+    ("state machines", (("state_machine.py", "process"),)),
+    ("token insertion", (("loop.py", "_intake"),)),
+    ("conditioning", (("loop.py", "_admit"),)),
+    ("temporal", (("lm.py", "forward_text"),)),
+    ("depformer", (("lm.py", "depformer_logits"),)),
+    ("sampling", (("sampling.py", "sample_token"),)),
+    ("commit", (("frame.py", "_commit"),)),
+    ("mimi", (("mimi.py", "decode"),)),
+    ("noise", (("loop.py", "_draw_noise"),)),
+    ("hand-offs", (("loop.py", "_deliver"), ("loop.py", "_publish"))),
+)
 
 
 def _loop_class(profile: cProfile.Profile | None):
@@ -78,22 +108,33 @@ def _loop_class(profile: cProfile.Profile | None):
     return ProfiledLoop
 
 
-def host_profile(profile: cProfile.Profile) -> dict[str, float]:
-    """Per batched step, from the loop thread's profile (thread CPU time): ms of
-    ``FrameLoop._step`` and the ms spent in it drawing noise and copying (tottime of
-    :data:`NOISE_CALLS`, :data:`COPY_CALLS`)."""
+def host_profile(profile: cProfile.Profile) -> dict[str, Any]:
+    """Per batched step, from the loop thread's profile (thread CPU time): ms of the loop's turns
+    (``FrameLoop.tick``, which holds ``_step``), ``phases_ms`` split by :data:`PHASES` (cumulative
+    ms of their functions; "loop" is the rest of ``tick``), and the ms spent drawing noise and
+    copying (tottime of :data:`NOISE_CALLS`, :data:`COPY_CALLS`)."""
     stats = pstats.Stats(profile).stats
-    steps, step_s, noise_s, copy_s = 0, 0.0, 0.0, 0.0
-    for (_, _, name), (_, ncalls, tottime, cumtime, _) in stats.items():
+    owner = {fn: phase for phase, fns in PHASES for fn in fns}
+    steps, tick_s, noise_s, copy_s = 0, 0.0, 0.0, 0.0
+    phase_s = dict.fromkeys([phase for phase, _ in PHASES], 0.0)
+    for (path, _, name), (_, ncalls, tottime, cumtime, _) in stats.items():
         method = name.split("'")[1] if name.startswith("<method '") else None
-        if name == "_step":
-            steps, step_s = steps + ncalls, step_s + cumtime
+        if name == "_step" and path.endswith("loop.py"):
+            steps += ncalls
+        elif name == "tick" and path.endswith("loop.py"):
+            tick_s += cumtime
         elif method in NOISE_CALLS or name in NOISE_CALLS:
             noise_s += tottime
         elif method in COPY_CALLS:
             copy_s += tottime
+        phase = owner.get((Path(path).name, name))
+        if phase is not None:
+            phase_s[phase] += cumtime
     per = 1000 / max(steps, 1)
-    return {"host_ms_per_step": step_s * per, "noise_ms_per_step": noise_s * per, "copy_ms_per_step": copy_s * per}
+    phases = {k: v * per for k, v in phase_s.items()}
+    phases["loop"] = max(0.0, tick_s * per - sum(phases.values()))
+    return {"host_ms_per_step": tick_s * per, "noise_ms_per_step": noise_s * per, "copy_ms_per_step": copy_s * per,
+            "phases_ms": phases}
 
 
 def ours_run(tts, voice, text: str, S: int, profile: bool = False) -> dict[str, Any]:
@@ -105,7 +146,7 @@ def ours_run(tts, voice, text: str, S: int, profile: bool = False) -> dict[str, 
         audio = [0] * S
         ended = [0.0] * S
         sessions = []
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         steps0 = loop.steps
         for i in range(S):
             def on_audio(pcm, i=i):
@@ -123,16 +164,50 @@ def ours_run(tts, voice, text: str, S: int, profile: bool = False) -> dict[str, 
         for s in sessions:
             s.done.wait()
         wall = max(ended) - t0
+        cpu = time.process_time() - cpu0
         steps = loop.steps - steps0
     finally:
         loop.close()
     rate = tts.sample_rate
     out = _summary(wall, steps, [(ended[i] - t0) / max(audio[i] / rate, 1e-9) for i in range(S)],
                    [s.first_audio_step + 1 for s in sessions if s.first_audio_step is not None],
-                   [1000 * (s.first_audio_time - s.opened_at) for s in sessions if s.first_audio_time])
+                   [1000 * (s.first_audio_time - s.opened_at) for s in sessions if s.first_audio_time], cpu)
     if prof is not None:
         out.update(host_profile(prof))
     return out
+
+
+def join_run(tts, voice, text: str, S: int) -> dict[str, Any]:
+    """A session opening while S − 1 others run past their first audio (their text said four
+    times, so they outlast it): the steps it waits for a slot (loop steps between its ``open`` and
+    its first step) and its first-audio ms (open → first frame handed out)."""
+    import threading
+
+    loop = _loop_class(None)(tts, max_batch=S, max_ahead_s=math.inf)
+    loop.start()
+    try:
+        running = []
+        for i in range(S - 1):
+            heard = threading.Event()
+            s = loop.open(voice=voice, seed=i, on_audio=lambda pcm, heard=heard: heard.set())
+            s.push_words(text.split() * 4)
+            s.end_input()
+            running.append((s, heard))
+        for _, heard in running:
+            heard.wait()
+        steps_at_open = loop.steps
+        joiner = loop.open(voice=voice, seed=S)
+        joiner.push_words(text.split())
+        joiner.end_input()
+        joiner.done.wait()
+        for s, _ in running:
+            s.cancel()
+        for s, _ in running:
+            s.done.wait()
+    finally:
+        loop.close()
+    return {"join_wait_steps": joiner.admitted_step - steps_at_open,
+            "join_first_audio_ms": 1000 * (joiner.first_audio_time - joiner.opened_at)}
 
 
 def ref_run(ref, voice, text: str, S: int, cfg_value: float | None) -> dict[str, Any]:
@@ -153,26 +228,34 @@ def ref_run(ref, voice, text: str, S: int, cfg_value: float | None) -> dict[str,
                 state["first"] = time.perf_counter()
                 state["first_step"] = state["frames"] + max(ref.lm.delays)
 
+    cpu0 = time.process_time()
     with ref.mimi.streaming(S), torch.no_grad():
         result = ref.generate(entries, attrs, on_frame=on_frame)
     wall = time.perf_counter() - t0
+    cpu = time.process_time() - cpu0
     steps = len(result.frames) + max(ref.lm.delays)
     frame_s = 1 / ref.mimi.frame_rate
     rtf = [wall / max((end or 0) * frame_s, 1e-9) for end in result.end_steps]
     first_ms = [1000 * (state["first"] - t0)] * S if state["first"] else []
-    return _summary(wall, steps, rtf, [state["first_step"]] * S if state["first_step"] else [], first_ms)
+    return _summary(wall, steps, rtf, [state["first_step"]] * S if state["first_step"] else [], first_ms, cpu)
 
 
 def _median(runs: list[dict]) -> dict:
+    """Key-wise median of the runs' results (nested dicts key by key)."""
     out = {}
     for k in runs[0]:
+        if isinstance(runs[0][k], dict):
+            out[k] = _median([r[k] for r in runs])
+            continue
         vals = [r[k] for r in runs if r[k] is not None]
         out[k] = statistics.median(vals) if vals else None
     return out
 
 
-def _summary(wall: float, steps: int, rtf: list[float], first_steps: list[int], first_ms: list[float]) -> dict:
+def _summary(wall: float, steps: int, rtf: list[float], first_steps: list[int], first_ms: list[float],
+             cpu_s: float) -> dict:
     return {"wall_s": wall, "steps": steps, "steps_per_s": steps / wall if wall else float("nan"),
+            "cpu_ms_per_step": 1000 * cpu_s / max(steps, 1),
             "rtf_mean": statistics.mean(rtf) if rtf else float("nan"),
             "rtf_max": max(rtf) if rtf else float("nan"),
             "first_audio_steps": statistics.median(first_steps) if first_steps else None,
@@ -254,7 +337,8 @@ def run(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         tts, ref, voice = build(args.config, Path(tmp), device, with_ref, args.n_q)
         build_s = time.perf_counter() - t0
-        result = measure(tts, ref, voice, counts, args.text, args.rounds, args.profile, config=args.config)
+        result = measure(tts, ref, voice, counts, args.text, args.rounds, args.profile, config=args.config,
+                         join=args.join)
         result["build_s"] = round(build_s, 2)
     print(format_table(result))
     if args.json_out:
@@ -264,31 +348,38 @@ def run(args: argparse.Namespace) -> int:
 
 
 def measure(tts, ref, voice, counts: list[int], text: str = TEXT, rounds: int = 1, profile: bool = False,
-            config: str = "") -> dict[str, Any]:
+            config: str = "", join: bool = False) -> dict[str, Any]:
     """Ours (and the reference's, unless ``ref`` is None) at each session count, ``rounds``
-    interleaved runs each (medians): the result dict :func:`format_table` prints."""
+    interleaved runs each (medians), and with ``join`` a joining session beside a lone one
+    (:func:`join_run`): the result dict :func:`format_table` prints."""
     import torch
 
     device = tts.lm.device
     result: dict[str, Any] = {
         "benchmark": "dsm-loop", "config": config, "device": device.type,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "threads": torch.get_num_threads(), "n_q": tts.n_q, "text": text, "profile": profile,
+        "threads": torch.get_num_threads(), "n_q": tts.n_q, "text": text, "profile": profile, "join": join,
         "reference": "moshi 0.2.13 TTSModel.generate" if ref is not None else None,
         "cuda_graphs": device.type == "cuda" and os.environ.get("NO_CUDA_GRAPH", "") in ("", "0"),
         "results": []}
     cfg_value = float(tts.cfg_value) if tts.cfg_value else None
     for S in counts:
-        mine, theirs = [], []
+        mine, theirs, joins = [], [], []
         for _ in range(max(1, rounds)):  # interleaved: this machine is shared and noisy
             mine.append(ours_run(tts, voice, text, S, profile))
             if ref is not None:
                 theirs.append(ref_run(ref, voice, text, S, cfg_value))
+            if join:
+                lone, joined = join_run(tts, voice, text, 1), join_run(tts, voice, text, S)
+                joins.append({**joined, "lone_first_audio_ms": lone["join_first_audio_ms"],
+                              "first_audio_ratio": joined["join_first_audio_ms"] / lone["join_first_audio_ms"]})
         row: dict[str, Any] = {"sessions": S, "ours": _median(mine)}
+        if joins:
+            row["join"] = _median(joins)
         if ref is not None:
             row["ref"] = _median(theirs)
             row["ratio"] = {k: row["ours"][k] / row["ref"][k]
-                            for k in ("rtf_mean", "first_audio_ms", "steps_per_s")
+                            for k in ("rtf_mean", "first_audio_ms", "steps_per_s", "cpu_ms_per_step")
                             if row["ours"][k] and row["ref"][k]}
         result["results"].append(row)
         print(f"dsm-loop: {S} sessions done ({row['ours']['wall_s']:.1f} s ours"
@@ -301,10 +392,12 @@ def _f(v, fmt: str) -> str:
 
 
 def format_table(result: dict[str, Any]) -> str:
-    """The results as a plain-text table (RTF: compute s per audio s, lower is better)."""
+    """The results as plain-text tables (RTF: compute s per audio s, lower is better): one row per
+    session count and side, then (``--profile``) host ms per step by phase with each phase's
+    growth per added session, then (``--join``) the joining session beside a lone one."""
     head = (f"dsm-loop  config={result['config']}  device={result['device_name']}  n_q={result['n_q']}  "
             f"threads={result['threads']}  reference={result['reference']}")
-    cols = (f"{'sess':>4}  {'side':<4}  {'steps/s':>8}  {'RTF mean':>8}  {'RTF max':>8}  "
+    cols = (f"{'sess':>4}  {'side':<4}  {'steps/s':>8}  {'CPU ms':>8}  {'RTF mean':>8}  {'RTF max':>8}  "
             f"{'1st steps':>9}  {'1st ms':>8}")
     prof = result.get("profile")
     if prof:
@@ -315,7 +408,8 @@ def format_table(result: dict[str, Any]) -> str:
             r = row.get(side)
             if r is None:
                 continue
-            line = (f"{row['sessions']:>4}  {side:<4}  {_f(r['steps_per_s'], '8.1f')}  {_f(r['rtf_mean'], '8.3f')}  "
+            line = (f"{row['sessions']:>4}  {side:<4}  {_f(r['steps_per_s'], '8.1f')}  "
+                    f"{_f(r.get('cpu_ms_per_step'), '8.2f')}  {_f(r['rtf_mean'], '8.3f')}  "
                     f"{_f(r['rtf_max'], '8.3f')}  {_f(r['first_audio_steps'], '9.0f')}  "
                     f"{_f(r['first_audio_ms'], '8.0f')}")
             if prof and "host_ms_per_step" in r:
@@ -325,5 +419,27 @@ def format_table(result: dict[str, Any]) -> str:
         if row.get("ratio"):
             q = row["ratio"]
             lines.append(f"{row['sessions']:>4}  {'o/r':<4}  {_f(q.get('steps_per_s'), '8.2f')}  "
-                         f"{_f(q.get('rtf_mean'), '8.2f')}  {'':>8}  {'':>9}  {_f(q.get('first_audio_ms'), '8.2f')}")
+                         f"{_f(q.get('cpu_ms_per_step'), '8.2f')}  {_f(q.get('rtf_mean'), '8.2f')}  {'':>8}  "
+                         f"{'':>9}  {_f(q.get('first_audio_ms'), '8.2f')}")
+    profiled = [row for row in result["results"] if "phases_ms" in row["ours"]]
+    if profiled:
+        counts = [row["sessions"] for row in profiled]
+        lines += ["", "host ms per step by phase (ours, under the profiler)",
+                  f"{'phase':<16}" + "".join(f"  {f'S={S}':>8}" for S in counts) + f"  {'per +1 S':>8}"]
+        for phase in profiled[0]["ours"]["phases_ms"]:
+            ms = [row["ours"]["phases_ms"][phase] for row in profiled]
+            slope = (ms[-1] - ms[0]) / (counts[-1] - counts[0]) if len(counts) > 1 else None
+            lines.append(f"{phase:<16}" + "".join(f"  {_f(v, '8.2f')}" for v in ms) + f"  {_f(slope, '8.3f')}")
+        total = [row["ours"]["host_ms_per_step"] for row in profiled]
+        slope = (total[-1] - total[0]) / (counts[-1] - counts[0]) if len(counts) > 1 else None
+        lines.append(f"{'total':<16}" + "".join(f"  {_f(v, '8.2f')}" for v in total) + f"  {_f(slope, '8.3f')}")
+    joined = [row for row in result["results"] if "join" in row]
+    if joined:
+        lines += ["", "a session joining S - 1 running ones (ours)",
+                  f"{'sess':>4}  {'waits (steps)':>13}  {'1st ms':>8}  {'lone 1st ms':>11}  {'ratio':>6}"]
+        for row in joined:
+            j = row["join"]
+            lines.append(f"{row['sessions']:>4}  {_f(j['join_wait_steps'], '13.0f')}  "
+                         f"{_f(j['join_first_audio_ms'], '8.0f')}  {_f(j['lone_first_audio_ms'], '11.0f')}  "
+                         f"{_f(j['first_audio_ratio'], '6.2f')}")
     return "\n".join(lines)

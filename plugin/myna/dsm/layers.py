@@ -1,6 +1,6 @@
 """Building blocks shared by the temporal transformer, the depformer and Mimi's transformer:
 fp32 RMSNorm, interleaved RoPE, the gated SiLU feed-forward, the attention module, and the
-preallocated ring KV cache with its shared positions (dsm_spec §2.4, §4, §5, §7.1–7.4).
+preallocated ring KV cache with its shared positions (dsm-inference §2.4, §4, §5, §7.1–7.4).
 
 Nothing here branches on Python ints that change from step to step: positions live in tensors,
 so a step is capturable as a CUDA graph.
@@ -8,6 +8,7 @@ so a step is capturable as a CUDA graph.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -33,26 +34,32 @@ class RMSNorm(nn.Module):
         return (xf * (self.alpha.float() * torch.rsqrt(var))).to(x.dtype)
 
 
+@functools.lru_cache(maxsize=None)
+def _rope_freqs(D: int, max_period: float, device: torch.device) -> torch.Tensor:
+    """max_period^(−2i/D) for i < D/2, fp32 [D/2]: made once per head size and device (at warm-up,
+    before any graph capture), not in every layer of every step."""
+    ds = torch.arange(D // 2, device=device, dtype=torch.float32)
+    return torch.exp(ds * (-math.log(max_period) * 2 / D))
+
+
 def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
                max_period: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Interleaved rotary embedding (§7.2): rotates pairs (x[2i], x[2i+1]) by pos·max_period^(−2i/D).
 
     q, k: [B, H, T, D]; positions: absolute positions, int64 [B, T]. Computed in fp32, returned
-    in the input dtype.
+    in the input dtype. Each pair (r, i) becomes (r·cos − i·sin, i·cos + r·sin), written as
+    x·[cos, cos] + swap(x)·[−sin, sin] over the pairs: the same products and sums, so the same
+    bits, in a third fewer tensor operations (the step is bound by their count on the CPU).
     """
     D = q.shape[-1]
-    ds = torch.arange(D // 2, device=q.device, dtype=torch.float32)
-    freqs = torch.exp(ds * (-math.log(max_period) * 2 / D))
-    ts = positions.float()[:, None, :, None]  # [B, 1, T, 1]
-    rotr = torch.cos(freqs * ts)
-    roti = torch.sin(freqs * ts)
+    angle = _rope_freqs(D, max_period, q.device) * positions.float()[:, None, :, None]  # [B, 1, T, D/2]
+    c, s = torch.cos(angle), torch.sin(angle)
+    cos = torch.stack([c, c], dim=-1)
+    sin = torch.stack([-s, s], dim=-1)
 
     def rot(x: torch.Tensor) -> torch.Tensor:
-        xs = x.view(*x.shape[:-1], D // 2, 2)
-        xr, xi = xs[..., 0].float(), xs[..., 1].float()
-        out_r = xr * rotr - xi * roti
-        out_i = xr * roti + xi * rotr
-        return torch.stack([out_r.to(x.dtype), out_i.to(x.dtype)], dim=-1).view(x.shape)
+        pairs = x.float().view(*x.shape[:-1], D // 2, 2)
+        return (pairs * cos + pairs.flip(-1) * sin).view(x.shape).to(x.dtype)
 
     return rot(q), rot(k)
 

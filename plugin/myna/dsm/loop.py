@@ -1,11 +1,13 @@
-"""The DSM frame loop (dsm_spec §2.4–2.5, §5): one thread owns the model, its caches and the
+"""The DSM frame loop (dsm-inference §2.4–2.5, §5): one thread owns the model, its caches and the
 device, and steps every live session in one batch, 80 ms of audio per step.
 
 Sessions are *slots* of one preallocated state (:class:`~myna.dsm.frame.FrameState` and a Mimi
 state for ``max_batch`` slots). They join and leave between steps: joining resets the slot's
 caches and installs its conditions; a slot that cannot run this step (it waits for a word, or is
 too far ahead of real time) is frozen through the per-slot ``exec_mask``, which leaves its state
-exactly as it was. A step runs on the smallest *bucket* (a batch size from ``buckets``) that holds
+exactly as it was. A slot's first ``delay_steps`` steps are text only: while others make audio,
+those slots step alone, so a session joining a busy loop is not held to the batch's full steps
+until its first audio (:meth:`FrameLoop._lead_in_first`). A step runs on the smallest *bucket* (a batch size from ``buckets``) that holds
 the highest busy slot, on views of the first ``bucket`` rows of the state (``narrow``), so shapes
 are static: on CUDA one graph per bucket and phase is captured at warm-up, all in one memory
 pool, and replayed while serving.
@@ -85,8 +87,10 @@ class LoopSession:
         self._inbox = _Inbox()
         self._lock = threading.Lock()
         self.done = threading.Event()
-        #: filled by the loop: the step (slot-local) that produced the first audio frame, and the
-        #: time (the loop's clock) it was handed to ``on_audio``
+        #: filled by the loop: the loop's step count when the session took its slot (its first
+        #: step is the next one), the step (slot-local) that produced the first audio frame, and
+        #: the time (the loop's clock) it was handed to ``on_audio``
+        self.admitted_step: int | None = None
         self.first_audio_step: int | None = None
         self.first_audio_time: float | None = None
         self.opened_at = loop.clock()
@@ -269,6 +273,7 @@ class FrameLoop:
         self._sampled = _Pinned((B,), torch.long, dev)
         self._pcm = _Pinned((B, self.frame_size), torch.float32, dev)
         self._text_noise_pending = False  # rows drawn at admission, not yet on the device
+        self._lead_only = False           # the last step ran only slots in their lead-in
         #: the step's phases per bucket, as run (eagerly, or replayed as CUDA graphs)
         self.phases: dict[int, dict[str, GraphPhase]] = {n: self._make_phases(n) for n in self.buckets}
 
@@ -384,7 +389,7 @@ class FrameLoop:
         self._intake()
         run, wait = self._runnable()
         if run:
-            self._step(run)
+            self._step(self._lead_in_first(run))
             return 0.0
         self._deliver()
         return 0.0 if self._pending_work() else wait
@@ -456,6 +461,7 @@ class FrameLoop:
                 self._text_noise.host[index].exponential_(1, generator=gen)
                 self._text_noise_pending = True
             self._slots[index] = _Slot(session, index, self.tts.machine.new_state([]), gen)
+            session.admitted_step = self.steps
 
     def _conditions_for(self, voice) -> tuple:
         key = voice if isinstance(voice, (str, os.PathLike, type(None))) else id(voice)
@@ -510,6 +516,27 @@ class FrameLoop:
                     continue
             run.append(slot)
         return run, wait
+
+    def _lead_in_first(self, run: list[_Slot]) -> list[_Slot]:
+        """The slots this step runs. A slot's first ``delay_steps`` steps (its lead-in) are text
+        only; in a batch where others make audio, each of them would cost a whole step (depformer,
+        Mimi), so a session joining a busy loop would reach its first audio several times later
+        than a lone one. Instead, while some runnable slots are in their lead-in and others are
+        not, the lead-in slots step alone (the text phase and a commit, the others frozen) —
+        back to back while every other running slot is at least a frame ahead of real time
+        (its listener does not notice the pause), else every other step."""
+        delay = self.cfg.delay_steps
+        lead = [slot for slot in run if slot.t < delay]
+        if lead and len(lead) < len(run):
+            now = self.clock()
+            slack = min((slot.audio_s - (now - slot.session.first_audio_time)
+                         if slot.session.first_audio_time is not None else 0.0)
+                        for slot in run if slot.t >= delay)
+            if not self._lead_only or slack >= self.frame_size / self.cfg.mimi.sample_rate:
+                self._lead_only = True
+                return lead
+        self._lead_only = False
+        return run
 
     # -- one step ------------------------------------------------------------------------
     def _step(self, run: list[_Slot]) -> None:
