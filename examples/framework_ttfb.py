@@ -7,19 +7,24 @@
 
 Each reply is pushed as LLM-like token chunks (``myna.rtc.client.token_chunks``) all at once
 (an LLM faster than the TTS; use ``--token-rate`` for a paced LLM). The remote mode starts ``myna serve`` on 127.0.0.1 itself.
+Like is compared with like: both modes synthesise every reply afresh (the worker runs with
+``--phrase-cache-mb 0``; the in-process engine has no phrase cache), so the remote figures differ
+from the in-process ones by the transport alone, not by replies served from a cache.
 Needs the ``pipecat`` and ``livekit`` extras (``bash scripts/setup.sh pipecat livekit``).
 Run it in the loopback-only namespace, e.g.::
 
     unshare -n sh -c 'ip link set lo up; .venv/bin/python examples/framework_ttfb.py'
 
-Prints p50 / min / max in ms over ``--n`` replies per framework and mode. The machine is
-shared and noisy: compare figures from one run only.
+Prints a table, p50 / min / max in ms over ``--n`` replies per framework and mode, a row as
+each is measured; the frameworks' own logs are kept to warnings (``--verbose``: all of them,
+Pipecat's DEBUG lines included). The machine is shared and noisy: compare figures from one run only.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import statistics
 import subprocess
 import sys
@@ -75,8 +80,9 @@ async def livekit_ttfb(tts, text: str, token_rate: float) -> float:
 
 
 def start_worker(port: int) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "myna.cli", "--log-level", "warning", "serve", "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # No phrase cache, as in process: every reply is synthesised afresh on both sides.
+    proc = subprocess.Popen([sys.executable, "-m", "myna.cli", "--log-level", "warning", "serve", "--port", str(port),
+                             "--phrase-cache-mb", "0"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
@@ -91,13 +97,26 @@ def start_worker(port: int) -> subprocess.Popen:
 
 def summary(values: list[float]) -> str:
     ms = [v * 1000 for v in values]
-    return f"p50 {statistics.median(ms):6.0f} ms   min {min(ms):6.0f}   max {max(ms):6.0f}   n={len(ms)}"
+    return f"{statistics.median(ms):7.0f} {min(ms):7.0f} {max(ms):7.0f} {len(ms):4d}"
+
+
+def quiet_logs() -> None:
+    """Warnings and errors only: Pipecat logs through loguru at DEBUG by default (some 50 lines
+    per reply), LiveKit Agents and Myna through logging at INFO."""
+    from loguru import logger
+
+    logger.remove()
+    logger.add(sys.stderr, level="WARNING")
+    logging.basicConfig(level=logging.WARNING)
 
 
 async def main(args) -> None:
     from myna.integrations import livekit as myna_livekit
 
     texts = [SENTENCES[i % len(SENTENCES)] for i in range(args.n)]
+    print(f"TTFB as each framework measures it, ms: {args.n} replies each, "
+          f"{f'{args.token_rate:g} tokens/s' if args.token_rate else 'tokens all at once'}, no phrase cache", flush=True)
+    print(f"{'framework':9s} {'mode':10s} {'p50':>7s} {'min':>7s} {'max':>7s} {'n':>4s}", flush=True)
     engine = PiperEngine()
     await engine.start()
     worker = start_worker(args.port)
@@ -105,12 +124,12 @@ async def main(args) -> None:
     try:
         for mode, kwargs in (("in-process", {"engine": engine}), ("remote", {"url": url})):
             values = [await pipecat_ttfb(kwargs, t, args.token_rate) for t in texts]
-            print(f"pipecat  {mode:10s} {summary(values)}", flush=True)
+            print(f"{'pipecat':9s} {mode:10s} {summary(values)}", flush=True)
             tts = myna_livekit.TTS(**kwargs, sample_rate=24_000)
             await livekit_ttfb(tts, "Warm up.", 0)  # loads nothing, but opens the pooled connection
             values = [await livekit_ttfb(tts, t, args.token_rate) for t in texts]
             await tts.aclose()
-            print(f"livekit  {mode:10s} {summary(values)}", flush=True)
+            print(f"{'livekit':9s} {mode:10s} {summary(values)}", flush=True)
     finally:
         worker.terminate()
         worker.wait()
@@ -122,6 +141,9 @@ if __name__ == "__main__":
     parser.add_argument("--n", type=int, default=10, help="replies per framework and mode (default: %(default)s)")
     parser.add_argument("--token-rate", type=float, default=0.0, help="tokens/s of the simulated LLM (0: all at once)")
     parser.add_argument("--port", type=int, default=8091, help="port of the worker started for the remote mode")
+    parser.add_argument("--verbose", action="store_true", help="the frameworks' own logs too (Pipecat's DEBUG lines)")
     args = parser.parse_args()
     require_or_exit("pipecat", "livekit")
+    if not args.verbose:
+        quiet_logs()
     asyncio.run(main(args))

@@ -160,7 +160,7 @@ async def websocket(worker: Traced, url: str) -> list:
 
 async def room(checkout: Path, logs: Path) -> list:
     from myna.bench.livekit_server import DEV_KEY, DEV_SECRET, LiveKitServer, media_address
-    from myna.bench.room_client import RoomClient
+    from myna.room.client import RoomClient
     from myna.room.tokens import participant_token
 
     node = LiveKitServer(node_ip=media_address(), log_dir=logs).start()

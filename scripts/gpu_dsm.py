@@ -1,11 +1,11 @@
 #!/usr/bin/env python
-"""One prepared GPU check of the DSM port, printing one JSON object (issues 3 and 17).
+"""One prepared GPU check of the DSM port, printing one JSON object.
 
 The random-weight models of the config (default 1.6b) are built once, on the meta device then
 initialised in place on the target device (nothing is written to disk), ours and the reference
 (moshi 0.2.13) with the same weights, and serve every section:
 
-1. ``parity`` (TF32 off): bf16 parity against the reference (dsm_spec §8.5; the released weights
+1. ``parity`` (TF32 off): bf16 parity against the reference (dsm-inference §8.5; the released weights
    are not reachable here): conditions, teacher-forced text/audio logits (max abs diff, cosine),
    streaming temporal steps, greedy frame agreement of the step loop over the first steps, and
    Mimi decode (fp32) max abs diff and SNR, batch and streaming.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up Myna in ./.venv on a fresh machine:
 #   bash scripts/setup.sh            the main job: the worker with the embedded voice (no PyTorch)
-#   bash scripts/setup.sh EXTRA...   add extras: dsm (PyTorch, several GB), pipecat, livekit, bench, hub
+#   bash scripts/setup.sh EXTRA...   add extras: dsm (PyTorch, several GB), pipecat, livekit, bench, hub, docs
 #   bash scripts/setup.sh dev        everything the tests need (all of the above, Chromium included)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,7 +35,8 @@ if [ "$mode" = dev ]; then
   pip install -e ".[dev,dsm,pipecat,livekit]"
   # The DSM reference implementation is a test oracle only: no dependencies of its own pins.
   pip install --no-deps "moshi==0.2.13"   # its imports (einops, sphn, huggingface-hub) are dev extras
-  bash scripts/setup_livekit.sh   # livekit-server, Redis, livekit-client (LiveKit rooms)
+  bash scripts/setup_livekit.sh dev   # livekit-server, Redis, livekit-client (LiveKit rooms)
+  bash scripts/wheelhouse.sh          # the wheels tests/test_wheel.py installs from (the tests reach no index)
   missing=()
   command -v chromium >/dev/null || missing+=(chromium)    # browser tests
   command -v ip >/dev/null || missing+=(iproute2)          # the loopback-only test namespace

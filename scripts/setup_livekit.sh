@@ -1,42 +1,79 @@
 #!/usr/bin/env bash
-# LiveKit for `scripts/setup.sh dev` (README "LiveKit rooms"): everything the room tests and
-# the page's room lane need, in the git-ignored .lk/ folder or from Debian.
-#   - livekit-server v1.13.5, built with `go install` into .lk/bin (needs Go >= 1.26; without Go
-#     the LiveKit tests skip and say so). v1.13.6+ carry go.mod `replace` lines, which
-#     `go install pkg@version` refuses, hence this pin.
-#   - redis-server from Debian (two server nodes share it).
-#   - livekit-client from npm into .lk/npm (the room lane of the page; served by `myna serve`).
+# LiveKit for Myna (docs/livekit-quickstart.md, README "LiveKit rooms"), into this checkout:
+#   bash scripts/setup_livekit.sh        what trying Myna in a room needs:
+#     - the `livekit` extra in .venv (`bash scripts/setup.sh livekit` when it is missing; the
+#       livekit wheel carries the SDK's native library, its sdist does not, so a broken one is
+#       reinstalled from the wheel);
+#     - livekit-server v1.13.5 in the git-ignored .lk/bin, built with `go install` (Go >= 1.26; a
+#       few minutes the first time). v1.13.6+ carry go.mod `replace` lines, which
+#       `go install pkg@version` refuses, hence this pin. A livekit-server already on PATH is used
+#       instead when there is no Go;
+#     - livekit-client from npm into .lk/npm when npm is there (the page's "via LiveKit room"
+#       lane, `myna serve --livekit-url`; nothing else needs it).
+#   bash scripts/setup_livekit.sh dev    also redis-server from Debian (the tests' two-node cluster);
+#                                        `scripts/setup.sh dev` runs this. Without Go the LiveKit
+#                                        tests skip and say so.
+# Run it again at any time: what is there already is kept. It ends by printing the next commands.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+mode="${1:-user}"
 LIVEKIT_SERVER_VERSION=v1.13.5
 LIVEKIT_CLIENT_VERSION=2.23.0
 
-# The livekit wheel carries the SDK's native library; its sdist does not (it would not load).
-.venv/bin/python -c 'import livekit.rtc' 2>/dev/null \
-  || .venv/bin/python -m pip --disable-pip-version-check -q install --force-reinstall --only-binary livekit "livekit>=1.1.21,<1.2"
+if ! .venv/bin/python -c 'import myna, livekit.agents, livekit.api' 2>/dev/null; then
+  echo "setup: installing myna with the livekit extra into .venv (bash scripts/setup.sh livekit)"
+  bash scripts/setup.sh livekit
+fi
+.venv/bin/python -c 'import livekit.rtc' 2>/dev/null || {
+  echo "setup: reinstalling the livekit SDK from its wheel (the installed one lacks its native library)"
+  .venv/bin/python -m pip --disable-pip-version-check -q install --force-reinstall --only-binary livekit "livekit>=1.1.21,<1.2"
+}
 
-if [ "$(.lk/bin/livekit-server --version 2>/dev/null)" = "livekit-server version ${LIVEKIT_SERVER_VERSION#v}" ]; then
-  :
+server=.lk/bin/livekit-server
+if [ "$($server --version 2>/dev/null)" = "livekit-server version ${LIVEKIT_SERVER_VERSION#v}" ]; then
+  echo "setup: livekit-server ${LIVEKIT_SERVER_VERSION#v} is in $server"
 elif command -v go >/dev/null; then
-  echo "setup: building livekit-server $LIVEKIT_SERVER_VERSION with $(go version | cut -d' ' -f3) (a few minutes the first time)"
+  echo "setup: building livekit-server $LIVEKIT_SERVER_VERSION into .lk/bin with $(go version | cut -d' ' -f3) (a few minutes the first time)"
   mkdir -p .lk/bin
   GOBIN="$PWD/.lk/bin" CGO_ENABLED=0 go install "github.com/livekit/livekit-server/cmd/server@$LIVEKIT_SERVER_VERSION"
-  mv .lk/bin/server .lk/bin/livekit-server   # go install names the binary after its package folder
+  mv .lk/bin/server "$server"   # go install names the binary after its package folder
+elif command -v livekit-server >/dev/null; then
+  server=$(command -v livekit-server)
+  echo "setup: Go not found; using $server ($($server --version 2>/dev/null || echo 'version unknown'))"
 else
-  echo "setup: Go not found: the LiveKit room tests will be skipped (install Go >= 1.26, then rerun this)"
-fi
-
-if ! command -v redis-server >/dev/null; then
-  echo "setup: installing Debian's redis-server"
-  sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
-  $sudo apt-get update -qq && $sudo apt-get install -y -qq redis-server >/dev/null
+  server=""
+  if [ "$mode" = dev ]; then
+    echo "setup: Go not found: the LiveKit room tests will be skipped (install Go >= 1.26, then rerun this)"
+  else
+    echo "setup: Go not found, and no livekit-server on PATH: install Go >= 1.26 and rerun this, or install" >&2
+    echo "       LiveKit's own livekit-server build (its docs: \"Running LiveKit locally\") and rerun this" >&2
+    exit 1
+  fi
 fi
 
 if [ "$(node -p "require('./.lk/npm/node_modules/livekit-client/package.json').version" 2>/dev/null)" != "$LIVEKIT_CLIENT_VERSION" ]; then
   if command -v npm >/dev/null; then
-    echo "setup: installing livekit-client $LIVEKIT_CLIENT_VERSION from npm into .lk/npm"
+    echo "setup: installing livekit-client $LIVEKIT_CLIENT_VERSION from npm into .lk/npm (the page's LiveKit room lane)"
     npm install --prefix .lk/npm --no-audit --no-fund --silent "livekit-client@$LIVEKIT_CLIENT_VERSION"
   else
-    echo "setup: npm not found: the page's LiveKit room lane will be unavailable (install npm, then rerun this)"
+    echo "setup: npm not found: the page's \"via LiveKit room\" lane will be unavailable (install npm, then rerun this)"
   fi
+fi
+
+if [ "$mode" = dev ] && ! command -v redis-server >/dev/null; then
+  echo "setup: installing Debian's redis-server (the LiveKit tests' two-node cluster)"
+  sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+  $sudo apt-get update -qq && $sudo apt-get install -y -qq redis-server >/dev/null
+fi
+
+if [ "$mode" != dev ] && [ -n "$server" ]; then
+  cat <<EOF
+setup: LiveKit is ready. Next (docs/livekit-quickstart.md), each terminal in this folder:
+  terminal 1:  $server --dev
+               (a development server on ws://127.0.0.1:7880, API key devkey, secret secret)
+  terminal 2:  export LIVEKIT_API_KEY=devkey LIVEKIT_API_SECRET=secret
+               .venv/bin/myna room --url ws://127.0.0.1:7880 --room demo
+  terminal 3:  export LIVEKIT_API_KEY=devkey LIVEKIT_API_SECRET=secret
+               .venv/bin/myna talk --url ws://127.0.0.1:7880 --room demo "Hello from a LiveKit room."
+EOF
 fi

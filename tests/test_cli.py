@@ -1,4 +1,4 @@
-"""The ``myna`` command line as a newcomer meets it (issue 15): clear one-line errors, exit codes,
+"""The ``myna`` command line as a newcomer meets it: clear one-line errors, exit codes,
 fail-fast ``--server``, ``--log-level`` on either side of the sub-command, ``--trim``.
 
 Tests that start a worker or a stand-in HTTP server use loopback only (``scripts/test.sh``).

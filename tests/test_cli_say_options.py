@@ -1,4 +1,4 @@
-"""``myna say --voice NAME --speed X`` (issue 25.5): locally on engines built as ``myna serve``
+"""``myna say --voice NAME --speed X``: locally on engines built as ``myna serve``
 builds them (``--piper-voice`` loads a second voice), and through a running worker.
 
 The second voice is the bundled model under another name with its config's ``length_scale`` at

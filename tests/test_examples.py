@@ -1,4 +1,4 @@
-"""The examples as a newcomer runs them (issue 15): one without its extra says in one line which
+"""The examples as a newcomer runs them: one without its extra says in one line which
 extra to install, instead of a ModuleNotFoundError traceback; ``--help`` works where it can."""
 
 from __future__ import annotations

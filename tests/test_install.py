@@ -1,4 +1,4 @@
-"""The light install (issue 15): the main job, ``pip install -e .`` with no extra, pulls no PyTorch.
+"""The light install: the main job, ``pip install -e .`` with no extra, pulls no PyTorch.
 
 Checked offline from the installed packages' metadata: what ``pip install -e .`` resolves is the
 closure of pyproject.toml's core dependencies. ``tests/test_cli.py`` runs ``myna serve`` with

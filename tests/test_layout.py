@@ -1,4 +1,4 @@
-"""The tree as a reader and a tool see it (issue 21): import paths name files, the package works
+"""The tree as a reader and a tool see it: import paths name files, the package works
 from a checkout without an install, serving code imports no tooling, and no file imports itself
 round a circle. The graph comes from ``scripts/import_graph.py`` (the source, read with ``ast``)."""
 

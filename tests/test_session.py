@@ -237,7 +237,7 @@ class ToneLong(Engine):
 
 
 async def test_a_turn_whose_input_goes_quiet_ends_as_end_turn_would_and_the_session_is_idle_again():
-    """Issue 23, case 7, for every door: a sender that never ends its turn (crashed, trailer lost)."""
+    """For every door: a sender that never ends its turn (crashed, trailer lost)."""
     from myna.limits import Limits
 
     sent = []
@@ -257,7 +257,7 @@ async def test_a_turn_whose_input_goes_quiet_ends_as_end_turn_would_and_the_sess
 
 
 async def test_a_new_turn_ends_only_its_own_senders_open_turn():
-    """Issue 23, case 1, in the core: with senders named, B's turn queues behind A's open turn."""
+    """In the core: with senders named, B's turn queues behind A's open turn."""
     from myna.messages import EndTurn, Text
 
     sent = []

@@ -1,4 +1,4 @@
-"""Per-turn ``language`` (issue 25.2): a turn may say which language its text is in; a turn that
+"""Per-turn ``language``: a turn may say which language its text is in; a turn that
 asks for a language its voice does not speak is refused with one ``error`` (``wrong_language``,
 naming the voice's language) and is not spoken, and the session goes on. The voice's language is
 its catalogue's (Piper: the ``.onnx.json``'s ``language.code``, else its espeak voice)."""

@@ -1,4 +1,4 @@
-"""Per-turn options (issue 25): ``voice`` and ``speed`` on a turn's first ``text``, the session's
+"""Per-turn options: ``voice`` and ``speed`` on a turn's first ``text``, the session's
 defaults, and bad values refused with an ``error`` while the session goes on (an engine without
 an honest way to change its pace refuses any speed but 1.0)."""
 
@@ -102,7 +102,7 @@ def test_a_session_speed_out_of_range_is_an_error():
         session([], speed=4.0)
 
 
-# -- issue 25.4: the normaliser, per session ---------------------------------------------------
+# -- the normaliser, per session ---------------------------------------------------
 
 
 async def _turn_of(**options) -> tuple[list[str], float]:

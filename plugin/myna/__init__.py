@@ -12,7 +12,23 @@ or PCM as it is made); typed events (:mod:`myna.events`) go back to the door. ``
 CLI; :mod:`myna.bench` is tooling (benchmarks, test servers, fault injection).
 """
 
-__version__ = "0.1.0"
+
+def __getattr__(name: str):
+    """``myna.__version__``: the installed distribution's version, so pyproject.toml's
+    ``version`` is its one source; read on first use (importlib.metadata costs tens of ms,
+    which a plain ``import myna`` does not pay). In a checkout on PYTHONPATH without an
+    install it is ``0+unknown``."""
+    if name == "__version__":
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            value = version("myna")
+        except PackageNotFoundError:
+            value = "0+unknown"
+        globals()["__version__"] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # In a checkout without an install (PYTHONPATH=plugin:server:web), myna.server and myna.web live in
 # server/myna/ and web/myna/: let this package span them (an install maps them in pyproject.toml).

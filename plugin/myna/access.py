@@ -20,8 +20,10 @@ A refusal (HTTP 401/403/431) becomes :class:`AccessRefused`, whose message names
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import uuid
+import warnings
 
 #: Environment variable a client reads its access token from.
 TOKEN_ENV = "MYNA_TOKEN"
@@ -139,3 +141,37 @@ def _clean(token: str | None, source: str) -> str | None:
         raise ValueError(f"{source} is not an access token: it holds spaces or control characters; "
                          "mint one with `myna token`")
     return token or None
+
+
+#: HS256 wants a key of at least the hash's length (RFC 7518 §3.2); PyJWT warns below it.
+MIN_SECRET_BYTES = 32
+_short_secrets: set[str] = set()
+
+
+def short_secret_notice(secret: str | None, name: str) -> None:
+    """Say once per process, in one log line, that ``secret`` (called ``name``: the variable or
+    option it came from) is shorter than HS256 wants, and silence PyJWT's own warning for it.
+
+    PyJWT prints two lines (``InsecureKeyLengthWarning`` and the line of code that signed) in
+    every process that signs or checks a token with such a key: with LiveKit's development keys
+    (``livekit-server --dev``: ``devkey`` / ``secret``) that is every ``myna room``, ``myna
+    worker`` and ``myna talk``. Those keys are fine on a development server, so this says what it
+    means once instead. Longer secrets change nothing.
+    """
+    size = len((secret or "").encode())
+    if not secret or size >= MIN_SECRET_BYTES:
+        return
+    try:
+        from jwt.warnings import InsecureKeyLengthWarning
+    except ImportError:  # a PyJWT that does not warn
+        pass
+    else:
+        warnings.filterwarnings("ignore", category=InsecureKeyLengthWarning)
+    if name not in _short_secrets:
+        _short_secrets.add(name)
+        livekit = "LIVEKIT" in name
+        logging.getLogger("myna").warning(
+            "%s is %d bytes, under the %d that HS256 wants: fine for %s, too short for production (use a random "
+            "secret of %d+ characters%s)", name, size, MIN_SECRET_BYTES,
+            "a development server (livekit-server --dev: devkey / secret)" if livekit else "trying things out",
+            MIN_SECRET_BYTES, ", e.g. from `livekit-server generate-keys`" if livekit else "")

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from myna import __version__
+import myna
+from myna.access import short_secret_notice
 from myna.audio.turns import to_s16
 from myna.extras import MissingExtra, extra_for
 
@@ -83,6 +84,7 @@ def _serve(args: argparse.Namespace) -> int:
     if not all(keys) and not is_loopback_host(args.host) and not args.insecure:
         raise SystemExit(f"myna serve: refusing to listen on {args.host} without access keys: anyone who can reach it "
                          "could use it. Set --api-key/--api-secret (mint tokens with `myna token`), or pass --insecure.")
+    short_secret_notice(args.api_secret, "the API secret (--api-secret, MYNA_API_SECRET)")
     engines = build_engines(EngineOptions.from_args(args))
     if args.ice_loopback or is_loopback_host(args.host):
         enable_loopback_candidates()
@@ -119,7 +121,7 @@ async def run_server(app, worker, host: str, port: int, drain_timeout: float = 0
     try:
         await web.TCPSite(runner, host, port).start()
         shown = f"[{host}]" if ":" in host else host
-        print(f"myna {__version__}: loading {', '.join(worker.engines)} on http://{shown}:{port}/ ...", flush=True)
+        print(f"myna {myna.__version__}: loading {', '.join(worker.engines)} on http://{shown}:{port}/ ...", flush=True)
         t0 = time.monotonic()
         await worker.loading
         capacity = f", at most {worker.limits.max_sessions} sessions" if worker.limits.max_sessions else ""
@@ -350,6 +352,7 @@ def _token(args: argparse.Namespace) -> int:
     if not (args.api_key and args.api_secret):
         print("myna token: needs --api-key and --api-secret (or MYNA_API_KEY and MYNA_API_SECRET)", file=sys.stderr)
         return 2
+    short_secret_notice(args.api_secret, "the API secret (--api-secret, MYNA_API_SECRET)")
     engines = [e.strip() for e in args.engines.split(",") if e.strip()] if args.engines else None
     print(mint_token(args.api_key, args.api_secret, args.identity, args.ttl, engines, args.max_sessions))
     return 0
@@ -384,22 +387,34 @@ class _CommandParser(argparse.ArgumentParser):
         _add_global_options(self, top=False)
 
 
+class _Version(argparse.Action):
+    """``--version``: prints ``myna VERSION`` from the installed package's metadata
+    (pyproject.toml's ``version``), read only when asked for."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"myna {myna.__version__}")
+        parser.exit()
+
+
 #: The sub-commands, in the order ``myna --help`` lists them.
-COMMANDS = ("serve", "say", "token", "bench", "room", "worker")
+COMMANDS = ("serve", "say", "token", "bench", "room", "worker", "talk")
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     """The ``myna`` parser for the command line ``argv`` (the benchmarks are registered only for
     ``myna bench``)."""
     parser = argparse.ArgumentParser(prog="myna", description="Myna: real-time speech for voice agents.")
-    parser.add_argument("--version", action="version", version=f"myna {__version__}")
+    parser.add_argument("--version", action=_Version, help="show the version (the installed package's) and exit")
     _add_global_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_CommandParser)
     _add_serve(sub)
     _add_say(sub)
     _add_token(sub)
     _add_bench(sub, full=next((a for a in argv if a in COMMANDS), None) == "bench")
-    from myna.room.cli import add_parsers as add_room_parsers  # `myna room`, `myna worker`
+    from myna.room.cli import add_parsers as add_room_parsers  # `myna room`, `myna worker`, `myna talk`
 
     add_room_parsers(sub)
     return parser

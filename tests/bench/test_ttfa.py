@@ -145,7 +145,7 @@ def test_headless_race_under_load(tmp_path):
     join = result["join"][0]
     alone, joined = join["alone"]["perceived_ttfa_ms"]["p50"], join["joined"]["perceived_ttfa_ms"]["p50"]
     # Generous: before the deadline scheduler the newcomer waited behind the others' whole 21-word
-    # clauses and its own pre-roll (issue 10: 1.8–2.8 s against 0.10–0.14 s alone); now it waits
+    # clauses and its own pre-roll (1.8–2.8 s against 0.10–0.14 s alone); now it waits
     # for at most one bounded job.
     assert joined <= 3 * alone + 500.0, join
     assert join["joined"]["pre_roll_ms_max"] <= BUDGET_MS, join

@@ -1,4 +1,4 @@
-"""``myna bench ttfa --client chromium`` (issue 22): TTFA as a listener hears it, in real Chromium.
+"""``myna bench ttfa --client chromium``: TTFA as a listener hears it, in real Chromium.
 
 Debian's Chromium (``/usr/bin/chromium``) driven by Python Playwright, as the browser tests do;
 the run needs a loopback-only network namespace::

@@ -1,4 +1,4 @@
-"""Capture safety of the frame loop's phases, checked on the CPU (issue 17).
+"""Capture safety of the frame loop's phases, checked on the CPU.
 
 On CUDA each phase of each bucket is captured once as a graph and replayed. A graph replays the
 kernels it recorded, so a phase must not synchronise with the host (``.item()``, ``.tolist()``,

@@ -1,5 +1,5 @@
 """The Mimi decoder (myna.dsm.mimi): one frame gives 1920 samples, frame-by-frame equals
-whole-sequence decoding, and both match the reference (moshi 0.2.13) to 1e-5 (dsm_spec §4, §8.4)."""
+whole-sequence decoding, and both match the reference (moshi 0.2.13) to 1e-5 (dsm-inference §4, §8.4)."""
 
 from __future__ import annotations
 

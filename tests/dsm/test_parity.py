@@ -1,5 +1,5 @@
 """Parity of myna.dsm with the reference implementation (moshi 0.2.13) on a tiny checkpoint, fp32 CPU
-(dsm_spec §8): embeddings, conditions, temporal steps, depformer logits, the teacher-forced forward,
+(dsm-inference §8): embeddings, conditions, temporal steps, depformer logits, the teacher-forced forward,
 greedy and seeded generation, and end-to-end synthesis."""
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ def test_synthesize_matches_simple_generate(ours, ref_tts, voice_path):
 
 
 def test_reduced_n_q_greedy_identical(ours, ref_tts, conds):
-    """Generating 4 of the 6 codebooks (dsm_spec §2.6 "reduced n_q") matches the reference."""
+    """Generating 4 of the 6 codebooks (dsm-inference §2.6 "reduced n_q") matches the reference."""
     our_sum, our_cross, _, _, attrs = conds
     full = ref_tts.n_q
     ref_tts.n_q, ours.n_q = 4, 4

@@ -19,7 +19,7 @@ def _pairs(out: int) -> tuple[int, int]:
 
 
 def test_spec_example_always_asking_for_words():
-    """dsm_spec §2.3 example: (main, second) for steps 0..7 when the model always samples WORD."""
+    """dsm-inference §2.3 example: (main, second) for steps 0..7 when the model always samples WORD."""
     words = [[1, 100, 101], [200], [300, 301], [400], [500]]
     entries = [Entry(w, str(i), padding=len(w)) for i, w in enumerate(words)]
     machine = StateMachine(TokenIds(CARD), second_stream_ahead=2, max_padding=8, initial_padding=2)

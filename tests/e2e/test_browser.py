@@ -1,4 +1,4 @@
-"""Headless Chromium drives the latency-race page against a running ``myna serve`` (issues 2 and 6).
+"""Headless Chromium drives the latency-race page against a running ``myna serve``.
 
 Run inside a loopback-only network namespace, as root::
 
@@ -221,7 +221,7 @@ def _history(page) -> dict:
 
 
 def test_page_speaks_and_shows_perceived_ttfa(page, server):
-    """One lane (?lanes=piper): the race folds into a plain Speak, as the issue-2 page did."""
+    """One lane (?lanes=piper): the race folds into a plain Speak, as the first page did."""
     pg, console = page
     _fresh(pg, f"{server}/?lanes=piper")
     _connected(pg)
@@ -258,7 +258,7 @@ def test_page_speaks_and_shows_perceived_ttfa(page, server):
 
 
 def test_race_every_lane_finishes(page, server):
-    """Issue 6: a race across the embedded voice's strategies, each lane its own session."""
+    """A race across the embedded voice's strategies, each lane its own session."""
     pg, console = page
     _fresh(pg, server)
     _connected(pg)
@@ -370,7 +370,7 @@ def test_server_down_is_shown(browser, server):
         pg.close()
 
 
-# -- the race's records (issue 15) ---------------------------------------------------------
+# -- the race's records ---------------------------------------------------------
 def _run(lanes: dict[str, tuple[str, float | None]], stopped: bool | None = None, winner: str | None = None) -> dict:
     """A history record as the page stores it: lane → (status, perceived TTFA ms)."""
     run = {"id": "x", "at": "2026-11-30T00:00:00Z", "text": "Hi.", "token_rate": 30, "winner": winner,
@@ -451,7 +451,7 @@ def test_a_stopped_race_announces_no_winner(page, server):
     assert console.errors == []
 
 
-# -- gaps (issue 10, item 4) ----------------------------------------------------------------
+# -- gaps ----------------------------------------------------------------
 SILENCES = 'async ([levels, fromMs]) => (await import("/static/gaps.js")).longSilences(levels, {fromMs, windowMs: 10})'
 
 

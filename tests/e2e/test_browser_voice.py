@@ -1,4 +1,4 @@
-"""The race page's voice and speed controls (issue 25.5), in headless Chromium against a
+"""The race page's voice and speed controls, in headless Chromium against a
 ``myna serve`` with a second Piper voice: the voice picker is filled from ``GET /v1/voices``, and
 each turn carries the picked voice and speed (the lane's audio length shows which were used).
 

@@ -1,4 +1,4 @@
-"""``myna serve --engine dsm --fallback piper`` (issue 14.1) on a tiny DSM checkpoint: both
+"""``myna serve --engine dsm --fallback piper`` on a tiny DSM checkpoint: both
 engines load, /healthz shows the DSM engine's breaker, and a turn is heard word for word
 (by DSM, or by Piper when the tiny model on a busy CPU misses the deadline)."""
 

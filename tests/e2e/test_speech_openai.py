@@ -115,7 +115,7 @@ async def test_g711_on_the_websocket_is_heard(worker, whisper, fmt, decoder):
 
 
 def test_openai_speed_changes_the_pace_heard_and_out_of_range_is_unsupported_speed(worker, whisper):
-    """``speed`` (issue 25): 1.5 is 0.6-0.75 of the length at 1.0 and 0.75 is longer, both still
+    """``speed``: 1.5 is 0.6-0.75 of the length at 1.0 and 0.75 is longer, both still
     heard; 3.0 (OpenAI's range, not Myna's) is 400 ``unsupported_speed`` naming 0.5 to 2."""
     client = openai_client(worker)
     lengths, wers = {}, {}

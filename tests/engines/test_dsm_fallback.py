@@ -1,5 +1,5 @@
 """The DSM engine (tiny random checkpoint) as a primary that fails, starts late or stalls, with
-the embedded Piper voice behind it (issue 14.1): each word heard once, from one engine or the
+the embedded Piper voice behind it: each word heard once, from one engine or the
 other, at the DSM engine's rate."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The dsm engine gets the same text front end as Piper (engines/base.py): tags are never
-spoken and scripts the voice cannot read are reported, not spoken (issue 11.5, 11.6). A
-``<break>`` is not timed there (the words run on; see README "Text")."""
+spoken and scripts the voice cannot read are reported, not spoken. A
+``<break>`` is not timed there (the words run on; see docs/text.md)."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ async def test_unsupported_scripts_are_reported_and_the_rest_spoken(engine):
 
 
 async def test_the_model_gets_the_words_verbalised_and_captions_keep_the_written_ones(engine):
-    """Issue 25.4: the same normaliser as Piper's runs in front of DSM, so the model's text
+    """The same normaliser as Piper's runs in front of DSM, so the model's text
     tokens are those of the spoken words ("five five five, …"), never of digits or symbols; the
     word events carry the written words."""
     from myna.text.intake import read_text

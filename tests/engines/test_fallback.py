@@ -1,4 +1,4 @@
-"""Fallback (myna.engines.fallback, issue 14.1) on in-process engines and a virtual clock: the
+"""Fallback (myna.engines.fallback) on in-process engines and a virtual clock: the
 switch on error, late start and stall with the words heard once, the circuit breaker, the
 session's ``fallback`` event, metrics, /healthz and interrupt."""
 
@@ -509,7 +509,7 @@ async def test_the_fallback_takes_a_sessions_turns_in_order_when_a_later_one_nee
     assert switches(items_second) == [FallbackEvent("primary", "backup", "open", 0)]
 
 
-# -- issue 24, case 4: "late" counts from what the primary could start on ------------------------
+# -- "late" counts from what the primary could start on ------------------------
 class SentenceTone(ToneEngine):
     """A tone engine that names Piper's sentence lane (as ``piper-sentence`` does)."""
 

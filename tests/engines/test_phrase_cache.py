@@ -1,4 +1,4 @@
-"""The phrase cache (issue 14 item 2): the key rule, the LRU bound, Piper turns answered from
+"""The phrase cache: the key rule, the LRU bound, Piper turns answered from
 memory exactly as synthesised, warm-up before ready, and turns and barge-in as without it."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A failure inside one Piper unit is contained (issue 14.1): the unit is retried once, then left
+"""A failure inside one Piper unit is contained: the unit is retried once, then left
 out with an ``unit_failed`` error event, and the rest of the turn is spoken; with a fallback
 engine the fallback speaks it."""
 

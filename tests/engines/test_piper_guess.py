@@ -1,4 +1,4 @@
-"""The first phrase synthesised on a guess (issue 22.3): while the early first phrase waits to
+"""The first phrase synthesised on a guess: while the early first phrase waits to
 learn whether its last word is complete, its latent is made on the guess that it is, and used
 when the phrase comes out as guessed, else dropped; on the bundled voice
 (tests/engines/conftest.py ``engine``)."""

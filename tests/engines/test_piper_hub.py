@@ -1,4 +1,4 @@
-"""Piper voices by name (issue 25): ``--piper-voice NAME`` is fetched once from the hub's
+"""Piper voices by name: ``--piper-voice NAME`` is fetched once from the hub's
 ``rhasspy/piper-voices`` into ``--voice-cache``, then loads from there without a network.
 
 The hub is a fake one on 127.0.0.1 (:class:`FakeHub`, http.server in a thread) that the real

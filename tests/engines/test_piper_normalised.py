@@ -1,4 +1,4 @@
-"""Said right (issue 25.4): the agent sentence set (tests/text/data/agent_sentences.json: phone
+"""Said right: the agent sentence set (tests/text/data/agent_sentences.json: phone
 numbers, e-mails, URLs, dates, times, units, codes, prices) spoken by the seeded Piper voice and
 heard by Whisper tiny.en is the intended spoken form, WER ≤ 0.10 over the set.
 

@@ -1,4 +1,4 @@
-"""Pronunciation control (issue 25.3): ``<sub alias>``, ``<phoneme alphabet="ipa">`` and the
+"""Pronunciation control: ``<sub alias>``, ``<phoneme alphabet="ipa">`` and the
 lexicon, heard through the real Piper voice by Whisper tiny.en; captions keep the written words."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Multi-speaker Piper models (issue 25.1): each speaker is a voice, ``NAME#SPEAKER``.
+"""Multi-speaker Piper models: each speaker is a voice, ``NAME#SPEAKER``.
 
 No real multi-speaker voice is here (nothing downloads), so the stand-in is built from the bundled
 model: the same graph with a ``sid`` input, as Piper's multi-speaker exports take, that picks a

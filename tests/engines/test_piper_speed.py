@@ -1,4 +1,4 @@
-"""Piper's pace (issue 25): ``speed`` divides the voice's length scale, so a turn at 1.5 is
+"""Piper's pace: ``speed`` divides the voice's length scale, so a turn at 1.5 is
 30–40 % shorter than at 1.0 and one at 0.75 longer, and Whisper tiny.en hears it as well."""
 
 from __future__ import annotations

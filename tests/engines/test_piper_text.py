@@ -1,6 +1,6 @@
 """Text as an LLM writes it, through the real Piper engine: what is heard, measured on the audio
-(issue 11: sentence ends without waiting, pauses in the right places, said right, markup,
-scripts; issue 10.3: the first phrase early)."""
+(sentence ends without waiting, pauses in the right places, said right, markup,
+scripts; the first phrase early)."""
 
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def starts_of(items, *names) -> list[float]:
     return out
 
 
-# -- issue 11.1 ------------------------------------------------------------------------------
+# -- sentence ends without waiting ----------------------------------------------------------
 
 
 async def test_a_sentence_is_spoken_without_waiting_for_the_next_token(engine):
@@ -103,7 +103,7 @@ async def test_chunks_abutting_at_a_sentence_end_are_two_sentences(engine):
                                            "on", "Friday"]
 
 
-# -- issue 10.3: the first phrase early --------------------------------------------------------
+# -- the first phrase early --------------------------------------------------------
 
 
 async def test_the_first_phrase_is_synthesised_after_four_words_while_text_streams(engine):
@@ -142,7 +142,7 @@ async def test_a_join_after_an_early_first_phrase_is_not_a_pause(engine):
     assert longest_silence(pcm, engine.sample_rate, at, ten + 20) < PAUSE_MS
 
 
-# -- issue 11.3: pauses measured on the audio ---------------------------------------------------
+# -- pauses measured on the audio ---------------------------------------------------
 
 
 async def test_a_numbered_list_pauses_after_each_item_and_not_inside_one(engine):
@@ -182,7 +182,7 @@ async def test_no_pause_at_an_abbreviation_or_initial(engine, text, around):
     assert longest_silence(audio(items), engine.sample_rate, start, end + 20) < PAUSE_MS
 
 
-# -- issue 11.5: markup --------------------------------------------------------------------------
+# -- markup --------------------------------------------------------------------------
 
 
 async def test_a_break_split_across_chunks_is_that_much_silence_and_never_spoken(engine):
@@ -198,7 +198,7 @@ async def test_other_tags_are_not_spoken(engine):
     assert [w for w, _ in words(items)] == ["Hello", "there"]
 
 
-# -- issue 11.6: scripts --------------------------------------------------------------------------
+# -- scripts --------------------------------------------------------------------------
 
 
 async def test_unsupported_script_is_reported_and_not_spoken(engine):
@@ -217,7 +217,7 @@ async def test_mixed_text_speaks_the_supported_part_and_reports_the_rest_once(en
     assert len(audio(items)) > 0.5 * engine.sample_rate
 
 
-# -- issue 11.4: said right ----------------------------------------------------------------------
+# -- said right ----------------------------------------------------------------------
 
 
 async def test_captions_keep_the_written_words_and_the_voice_says_them_in_words(engine, whisper):

@@ -1,4 +1,4 @@
-"""Several Piper voices in one engine (issue 25.2): ``--piper-voice FILE.onnx`` loads another
+"""Several Piper voices in one engine: ``--piper-voice FILE.onnx`` loads another
 voice beside the bundled one, a turn chooses it by name, ``GET /v1/voices`` lists them.
 
 The second voice is the bundled model under another name with its config's ``length_scale``

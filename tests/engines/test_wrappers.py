@@ -1,6 +1,6 @@
 """An engine wrapper (fallback, strategy, bridge to another loop, injected fault) cannot drop a
 property of what it wraps: every part of the :class:`~myna.engines.base.Engine` interface is
-checked on every wrapper, so a part added to the interface later is checked too (issue 21).
+checked on every wrapper, so a part added to the interface later is checked too.
 
 The regression this guards: ``myna worker``'s bridge answered ``chunks_end_at_words`` False for
 Piper, so room turns were played by the frame-level rule (held first audio, late clauses counted

@@ -109,7 +109,7 @@ async def test_closing_a_stream_mid_speech_cancels_the_turn_and_the_tts_keeps_wo
         await tts.aclose()
 
 
-# -- issue 11: segments with nothing to say -----------------------------------------------------
+# -- segments with nothing to say -----------------------------------------------------
 
 
 @pytest.mark.parametrize("nothing", ["...", ":)", "**", "👍", "<break time='1s'/>"])
@@ -167,7 +167,7 @@ async def test_a_segment_in_another_script_is_no_error_and_the_rest_is_spoken(my
     assert sum("unsupported_language" in r.getMessage() and "Cyrillic" in r.getMessage() for r in caplog.records) == 2
 
 
-# -- issue 26: a closed stream cancels its own turn only ----------------------------------------
+# -- a closed stream cancels its own turn only ----------------------------------------
 
 LONG = " ".join([FIRST, SECOND] * 8)
 OTHER = "Thanks for waiting, I found your booking and the table is ready."

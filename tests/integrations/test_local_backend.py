@@ -1,5 +1,5 @@
 """The in-process plug-in door runs the same session as every other door: a fallback switch, the
-turn limits, an engine's failure (issue 21: the in-process backend skipped the session and
+turn limits, an engine's failure (the in-process backend skipped the session and
 crashed with ``AttributeError: 'FallbackEvent' object has no attribute 'word'`` at a switch)."""
 
 from __future__ import annotations

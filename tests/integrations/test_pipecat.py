@@ -163,7 +163,7 @@ async def test_a_speak_frame_is_spoken_as_its_own_context(myna_kwargs):
     assert words == words_of(SECOND)
 
 
-# -- issue 11: replies as an LLM really writes them ---------------------------------------------
+# -- replies as an LLM really writes them ---------------------------------------------
 
 from pipecat.frames.frames import ErrorFrame  # noqa: E402
 from pipecat.tests.utils import SleepFrame  # noqa: E402
@@ -256,7 +256,7 @@ FAST_REPLY = ("Your order of three blue shirts ships on Friday from our warehous
 
 @pytest.mark.network
 async def test_a_fast_llm_reply_of_1200_tokens_loses_no_word_remotely(worker):
-    """Issue 24, case 1: the worker's message rate (200/s, burst 400) once dropped most of such a
+    """The worker's message rate (200/s, burst 400) once dropped most of such a
     reply; the plug-in now coalesces tokens, and the worker never cuts an accepted turn."""
     size = len(FAST_REPLY) / 1200
     tokens = [FAST_REPLY[round(i * size):round((i + 1) * size)] for i in range(1200)]
@@ -288,7 +288,7 @@ class UpstreamErrors(FrameProcessor):
 
 @pytest.mark.network
 async def test_a_frozen_worker_is_an_error_frame_within_the_heartbeat_and_the_next_reply_speaks(start_worker, monkeypatch):
-    """Issue 24, case 2: a worker frozen mid-turn (SIGSTOP) once hung the plug-in for good."""
+    """A worker frozen mid-turn (SIGSTOP) once hung the plug-in for good."""
     import signal
 
     from myna.integrations import backend as backend_module
@@ -336,7 +336,7 @@ async def test_a_frozen_worker_is_an_error_frame_within_the_heartbeat_and_the_ne
     assert second and len(pcm_of(second)) / RATE > 0.5  # the next reply, on a new connection
 
 
-# -- issue 26: each context is its own Myna turn; an interruption cancels the interruptible ones --
+# -- each context is its own Myna turn; an interruption cancels the interruptible ones --
 
 KEPT = "Please hold on while I check that for you. It should only take a moment. Thank you for your patience."
 

@@ -1,4 +1,4 @@
-"""Voice and speed changed mid-session on both plug-ins (issue 25.2), through the frameworks' own
+"""Voice and speed changed mid-session on both plug-ins, through the frameworks' own
 settings calls: Pipecat's ``TTSUpdateSettingsFrame`` and LiveKit Agents' ``update_options``.
 
 A change applies from the next turn (reply / segment) without reconnecting; a bad value is a

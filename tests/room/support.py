@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ import uuid
 from pathlib import Path
 
 from myna.bench.livekit_server import DEV_KEY, DEV_SECRET, LiveKitServer
+from myna.bench.processes import terminate
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
@@ -83,12 +83,6 @@ class Myna:
         return self.proc.returncode
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc, 30)
         self._log.close()
         return self.proc.returncode

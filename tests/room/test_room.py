@@ -1,6 +1,6 @@
 """Myna in a LiveKit room, against a real livekit-server (one node): the room contract.
 
-A Python participant (myna.bench.room_client.RoomClient) streams text to Myna (a RoomAgent on this
+A Python participant (myna.room.client.RoomClient) streams text to Myna (a RoomAgent on this
 test's event loop) and listens to its track, the way an agent framework or a front-end would.
 Non-publishing participants are announced to others in LiveKit's 3 s batches, so waits here
 are generous; nothing asserts speed.
@@ -20,7 +20,7 @@ import pytest
 from livekit import api, rtc
 
 from myna.audio.onset import first_audible_sample
-from myna.bench.room_client import RoomClient
+from myna.room.client import RoomClient
 from myna.bench.livekit_server import DEV_KEY, DEV_SECRET
 from tests.e2e.test_serve import SENTENCES, _words, transcribe
 from tests.room.support import ARTIFACTS, myna_in_room, room_name, token

@@ -13,7 +13,7 @@ import jiwer
 import pytest
 from livekit import api
 
-from myna.bench.room_client import RoomClient
+from myna.room.client import RoomClient
 from myna.bench.livekit_server import DEV_KEY, DEV_SECRET, LiveKitServer, media_address
 from tests.e2e.test_serve import SENTENCES, _words, transcribe
 from tests.room.support import Myna, room_name, token
@@ -110,7 +110,7 @@ async def test_without_the_livekit_extra_the_commands_say_what_to_install():
         "installed); install it with `bash scripts/setup.sh livekit` (or pip install 'myna[livekit]')")
 
 
-# -- one core, every door (issue 21): the room commands build engines and sessions as serve does --
+# -- one core, every door: the room commands build engines and sessions as serve does --
 @pytest.fixture(scope="module")
 def tiny_dsm(tmp_path_factory):
     """A tiny random DSM checkpoint in the released layout, and its voice."""
@@ -233,7 +233,7 @@ async def test_myna_worker_finishes_its_speaking_rooms_on_sigterm(livekit_node):
         worker.stop()
 
 
-# -- issue 25: a dispatch's metadata sets the room's turn defaults ------------------------------
+# -- a dispatch's metadata sets the room's turn defaults ------------------------------
 async def test_myna_worker_takes_turn_defaults_from_the_dispatch_metadata(livekit_node):
     worker = Myna("worker", "--url", livekit_node.url, "--agent-name", "myna-meta")
     try:

@@ -1,4 +1,4 @@
-"""Rooms as people use them (issue 23), against a real livekit-server: several speakers at
+"""Rooms as people use them, against a real livekit-server: several speakers at
 once, a listener who drops and comes back, two Mynas dispatched to one room, a full reconnect,
 a text stream that never closes, shutdown mid-turn, and a worker offered more rooms than it takes.
 """
@@ -15,7 +15,7 @@ import pytest
 from livekit import api
 
 from myna.bench.livekit_server import DEV_KEY, DEV_SECRET, free_port
-from myna.bench.room_client import RoomClient
+from myna.room.client import RoomClient
 from tests.e2e.test_serve import SENTENCES
 from myna.limits import Limits
 from myna.sessions import Sessions

@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 import pytest_asyncio
 
-from myna.bench.room_client import RoomClient
+from myna.room.client import RoomClient
 from myna.bench.livekit_server import free_port
 from tests.e2e.test_serve import SENTENCES
 from tests.room.support import Myna, room_name, token

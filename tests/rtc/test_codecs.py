@@ -1,4 +1,4 @@
-"""The codec the peer asked for (issue 24, case 8): an offer that allows only G.711 is answered
+"""The codec the peer asked for: an offer that allows only G.711 is answered
 with G.711 and gets G.711 audio (a real aiortc peer decodes a 440 Hz tone, not noise); an offer
 with no codec the worker can send is refused naming the ones it can (tone engine, loopback)."""
 

@@ -3,7 +3,7 @@
 
 Errors are 4xx JSON ``{"error": {"code", "message"}}`` over HTTP and ``error`` events on the
 WebSocket and the data channel, after which the connection or session keeps working
-(README.md, "The client contract").
+(docs/contract.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Drain hands clients on (issue 24, case 3): on SIGTERM idle WebSocket connections are closed
+"""Drain hands clients on: on SIGTERM idle WebSocket connections are closed
 with 1001 at once, a connection's turn in progress finishes first; the remote plug-ins treat
 ``draining`` as a reason to reconnect to the same URL (here a TCP load balancer in front of two
 workers in this process; loopback only)."""

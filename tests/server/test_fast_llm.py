@@ -1,4 +1,4 @@
-"""A fast LLM loses no words (issue 24, case 1): a 1,000-token burst over the WebSocket and the
+"""A fast LLM loses no words: a 1,000-token burst over the WebSocket and the
 data channel, against the session's worker (embedded voice, ``myna serve``'s message rate of 200/s,
 burst 400), is spoken word for word and its turn ends; a flood is slowed, not cut."""
 

@@ -2,8 +2,8 @@
 WebSocket endpoint. No exception escapes, no session dies, every error is a documented one and
 no outgoing message is over 16 KiB.
 
-Bounded: ``MYNA_FUZZ_EXAMPLES`` examples per target (default 150; the closing note of issue 13
-quotes a longer run).
+Bounded: ``MYNA_FUZZ_EXAMPLES`` examples per target (default 150; set it higher for a
+longer run).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from myna.limits import Limits
 EXAMPLES = int(os.environ.get("MYNA_FUZZ_EXAMPLES", "150"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=False)
 
-#: Every error code the contract documents (README); ``internal`` is a bug and never allowed.
+#: Every error code the contract documents (docs/contract.md); ``internal`` is a bug and never allowed.
 SESSION_CODES = {"message_too_large", "bad_encoding", "bad_json", "bad_message", "unknown_type", "turn_ended",
                  "turn_too_long", "too_many_turns", "draining", "rate_limited", "bad_audio", "audio_failed",
                  "engine_failed", "engine_not_ready", "unknown_voice", "unsupported_language", "unit_failed",
@@ -149,7 +149,7 @@ def test_the_offer_endpoint_answers_any_body_with_a_documented_status(server, bo
     if status == 200:
         assert ("sdp" in answer and "pc_id" in answer) or answer == {"status": "success"}
     else:
-        assert status in (400, 404, 409, 413, 415, 503), (status, answer)  # (README: "HTTP errors")
+        assert status in (400, 404, 409, 413, 415, 503), (status, answer)  # (docs/contract.md: "HTTP errors")
         assert answer["error"]["code"] in HTTP_CODES, answer
     assert server.worker.metrics.registry.get_sample_value("myna_errors_total", {"code": "internal"}) is None
 

@@ -1,4 +1,4 @@
-"""Heartbeats both ways (issue 24, case 2): a WebSocket client frozen mid-turn (SIGSTOP) loses its
+"""Heartbeats both ways: a WebSocket client frozen mid-turn (SIGSTOP) loses its
 session and slot within the heartbeat; a worker frozen mid-turn fails the remote plug-ins' turn
 with a retryable error within theirs, and they speak again once a worker answers (loopback only)."""
 

@@ -1,4 +1,4 @@
-"""A WebRTC session's turn defaults from the offer's ``request_data`` (issue 25): ``lexicon`` and
+"""A WebRTC session's turn defaults from the offer's ``request_data``: ``lexicon`` and
 ``normalise`` as on the WebSocket's ``config``, checked by the same rules
 (:func:`myna.messages.parse_turn_defaults`); served in this process on loopback with the tone
 engine (tests/inprocess.py: one 120 ms tone per spoken word, so a turn's ``audio_ms`` counts

@@ -1,4 +1,4 @@
-"""Issue 11's cases over the wire: the WebSocket (``/v1/tts/stream``) and the WebRTC data channel,
+"""Text as an LLM writes it (docs/text.md), over the wire: the WebSocket (``/v1/tts/stream``) and the WebRTC data channel,
 against the session's worker on loopback (run in the loopback-only namespace)."""
 
 from __future__ import annotations

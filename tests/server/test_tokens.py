@@ -1,4 +1,4 @@
-"""Tokens a user could really send (issue 24, cases 5–7): correctly signed tokens with claims of
+"""Tokens a user could really send: correctly signed tokens with claims of
 the wrong shape, clocks that disagree, tokens with many attributes. Each is answered on the offer
 and on the WebSocket in the contract's JSON (401, 403 or 431, never 500), and the clients' advice
 follows the reason (a worker in this process, tone engine, loopback only)."""

@@ -150,7 +150,7 @@ async def test_disconnect_mid_turn_cleans_up_and_the_server_keeps_serving(server
 
 
 async def test_config_speed_is_the_session_default_and_a_turn_may_ask_for_another(server):
-    """Issue 25: ``config.speed`` paces every turn; a turn's ``speed`` wins; a bad one is an error."""
+    """``config.speed`` paces every turn; a turn's ``speed`` wins; a bad one is an error."""
     async with aiohttp.ClientSession() as session:
         ws, _ = await connect(session, server, speed=1.5)
         await ws.send_json({"type": "config", "speed": 9})
@@ -167,7 +167,7 @@ async def test_config_speed_is_the_session_default_and_a_turn_may_ask_for_anothe
 
 
 async def test_config_normalise_is_taken_and_a_bad_value_refused(server):
-    """Issue 25.4: ``config.normalise`` is a boolean (false: words reach the engine as written;
+    """``config.normalise`` is a boolean (false: words reach the engine as written;
     its effect on a session is tests/test_turn_options.py's); anything else is ``bad_config``
     and the settings stay."""
     async with aiohttp.ClientSession() as session:

@@ -1,4 +1,4 @@
-"""A session's own lexicon (issue 25.3): the WebSocket ``config.lexicon`` (word, regex and IPA
+"""A session's own lexicon: the WebSocket ``config.lexicon`` (word, regex and IPA
 entries) is applied to that session's turns only, heard by Whisper tiny.en on the real worker's
 seeded Piper voice; captions keep the written words; a bad lexicon is ``bad_lexicon`` and the
 settings stay."""

@@ -1,4 +1,4 @@
-"""HTML character references are decoded before the voice, however the chunks split them (issue 24, case 9)."""
+"""HTML character references are decoded before the voice, however the chunks split them."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ def flat(steps):
     return [said.text_of(item) if isinstance(item, str) else item for step in steps for item in step]
 
 
-# -- issue 11.1: a finished sentence does not wait for the next token ---------------------------
+# -- a finished sentence does not wait for the next token ---------------------------
 
 
 def test_a_word_ending_a_sentence_is_complete_without_a_following_space():
@@ -45,7 +45,7 @@ def test_every_sentence_punctuation_completes_the_word_at_once(last):
 
 @pytest.mark.parametrize("first", ["Sure,", "Well;", "Note:", "Okay,", "Yes,\"", "Hmm…", "First,"])
 def test_a_word_ending_a_clause_is_complete_at_once(first):
-    """Issue 22.3: a first word that ends in , ; : does not wait for the next token (at a line's
+    """A first word that ends in , ; : does not wait for the next token (at a line's
     start too, where a short word might be a list marker)."""
     intake = TextIntake()
     assert intake.push(first) == [first]
@@ -95,7 +95,7 @@ def test_what_may_continue_past_a_stop_waits_for_the_next_chunk(chunks, words):
     assert flat(feed(chunks)) == words
 
 
-# -- issue 11.3: lists -------------------------------------------------------------------------
+# -- lists -------------------------------------------------------------------------
 
 
 def test_a_numbered_list_is_one_phrase_per_line_with_the_marker_in_it():
@@ -126,7 +126,7 @@ def test_blank_lines_and_headings_end_phrases_once():
     assert items == ["Title.", Pause(0.0), "Some", "text.", Pause(0.0), "Sub"]
 
 
-# -- issue 11.5: markup ------------------------------------------------------------------------
+# -- markup ------------------------------------------------------------------------
 
 
 def test_a_break_tag_split_across_chunks_is_a_pause_and_never_words():
@@ -191,7 +191,7 @@ def test_tag_scanner_and_break_ms_directly():
     assert break_ms(' time="1.5s"') == 1500.0
 
 
-# -- issue 11.6: scripts -----------------------------------------------------------------------
+# -- scripts -----------------------------------------------------------------------
 
 
 def test_a_script_the_voice_cannot_read_is_skipped_and_named():

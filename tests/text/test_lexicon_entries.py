@@ -1,4 +1,4 @@
-"""Lexicon entries (issue 25.3): word, exact-case, regex and IPA entries, from a file and as
+"""Lexicon entries: word, exact-case, regex and IPA entries, from a file and as
 JSON (the WebSocket ``config.lexicon``); bad entries are clear errors naming the entry."""
 
 from __future__ import annotations

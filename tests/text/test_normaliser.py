@@ -1,4 +1,4 @@
-"""The text front end's normaliser (issue 25.4): phone numbers, addresses, dates, times, units,
+"""The text front end's normaliser: phone numbers, addresses, dates, times, units,
 codes and numbers are marked with how they are said, for every engine, also when the LLM's
 chunks cut them anywhere; captions keep the written words; a session may turn it off."""
 
@@ -76,9 +76,9 @@ def test_each_kind_is_said_right(text, said_as):
     assert spoken(text) == compared(said_as)
 
 
-#: Readings decided by the words around (issue 33): (written, said).
+#: Readings decided by the words around: (written, said).
 CONTEXT_CASES = [
-    # a slash is a date only where a date reads (issue 33.1)
+    # a slash is a date only where a date reads
     ("open 24/7", "open twenty four seven"), ("rate it 9/10", "rate it nine out of ten"),
     ("4/5 stars", "four out of five stars"), ("a 4.5/5 rating", "a four point five out of five rating"),
     ("1/10 of an inch", "one tenth of an inch"), ("3/5 of the class", "three fifths of the class"),
@@ -92,7 +92,7 @@ CONTEXT_CASES = [
     ("see you 6/12 at 3pm", "see you june twelfth at three pm"), ("12/25", "december twenty fifth"),
     ("3/14/2025", "march fourteenth twenty twenty five"), ("6/1 and 6/5", "june first and june fifth"),
     ("updated 11/12", "updated november twelfth"), ("the meeting is 3/4 at noon", "the meeting is march fourth at noon"),
-    # ranges keep their "to" (issue 33.2)
+    # ranges keep their "to"
     ("$10-$20", "ten to twenty dollars"), ("€5–€10", "five to ten euros"), ("$10 - $20", "ten dollars to twenty dollars"),
     ("10-20%", "ten to twenty percent"), ("9am-5pm", "nine am to five pm"), ("9am - 5pm", "nine am to five pm"),
     ("2-3pm", "two to three pm"), ("between 2-4 p.m.", "between two and four pm"), ("10-20 kg", "ten to twenty kilograms"),
@@ -100,7 +100,7 @@ CONTEXT_CASES = [
     ("Mon-Fri", "monday through friday"), ("Jan-Mar", "january through march"),
     ("5-10 minutes", "five to ten minutes"), ("1990-1995", "nineteen ninety to nineteen ninety five"),
     ("I have 3 - no, 4", "i have three no four"),
-    # street addresses by their neighbours (issue 33.3)
+    # street addresses by their neighbours
     ("40 Oak Dr.", "forty oak drive"), ("40 Oak Dr. Then turn left", "forty oak drive then turn left"),
     ("Dr. Patel", "doctor patel"), ("ask for Dr. Patel", "ask for doctor patel"), ("John, Dr. Lee is in", "john doctor lee is in"),
     ("Ft. Worth", "fort worth"), ("6 ft. tall", "six feet tall"), ("Elm Ave., Apt. 4", "elm avenue apartment four"),
@@ -191,7 +191,7 @@ _SENTENCE_END = re.compile(r"[^\W\d_]{2,}\.$")
 
 def test_a_cut_right_after_a_dot_that_may_end_a_sentence_is_a_sentence_end():
     """Known limit: "jane." or "acme." at a chunk's end is complete at once (a finished sentence
-    does not wait for the next token, issue 11.1), so an address cut there is read in two parts.
+    does not wait for the next token), so an address cut there is read in two parts.
     LLM tokenizers put the dot at the start of the next token (".com", ".d"), which is read whole."""
     assert [said.text_of(w) for w in _items(["Mail jane.", "doe@acme.com now"])] == [
         "Mail", "jane.", "doe@acme.com", "now"]

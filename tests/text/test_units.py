@@ -78,7 +78,7 @@ def test_a_maybe_end_is_decided_by_the_next_word_or_by_quiet():
     assert [u for w in "at 5 p.m. today.".split() for u in chunker.push(w)] == ["at 5 p.m. today."]
 
 
-# -- the first phrase early (issue 10.3), on a virtual clock ----------------------------------
+# -- the first phrase early, on a virtual clock ----------------------------------
 
 
 def early():

@@ -62,7 +62,7 @@ from myna.audio.onset import first_audible_sample
 from myna.audio.playout import SAMPLE_RATE
 from myna.rtc.client import MynaClient
 
-#: Reply lengths (words), first-token delays (s), user turns (s), as the issue's load shape.
+#: Reply lengths (words), first-token delays (s), user turns (s), the shape of a conversation's load.
 REPLY_WORDS = (8, 40)
 FIRST_TOKEN_S = (0.15, 0.6)
 USER_TALK_S = (2.0, 6.0)
@@ -204,7 +204,7 @@ class PacketClient(MynaClient):
 
 class RoomListener:
     """A caller in a LiveKit room of its own, Myna dispatched into it: a
-    :class:`myna.bench.room_client.RoomClient` with :class:`PacketClient`'s methods. The SDK
+    :class:`myna.room.client.RoomClient` with :class:`PacketClient`'s methods. The SDK
     decodes every frame (its jitter buffer included), so times here are when decoded 10 ms
     frames reached Python: a room's figures are measured later in the path than a WebRTC
     session's arrival figures.

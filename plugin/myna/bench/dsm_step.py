@@ -8,10 +8,11 @@ For each batch size it times, for our port (:mod:`myna.dsm`) and for the referen
 - **full step**: the same plus the depformer chain over every codebook with sampling;
 - **mimi frame**: streaming Mimi decode of one 80 ms frame of codes.
 
-Step time does not depend on weight values (DESIGN §6), so random weights time the real loop.
+Step time does not depend on weight values (the same kernels run whatever the numbers), so
+random weights time the real loop.
 Times are medians over interleaved rounds (ours, then reference, alternately), in ms; the
 ``ratio`` is ours / reference (below 1 means we are faster). Absolute times only mean something
-on a GPU run with the GPU named (DESIGN §4). The reference's lazy ``torch.compile`` is turned off
+on a GPU run with the GPU named. The reference's lazy ``torch.compile`` is turned off
 (``NO_TORCH_COMPILE=1``) unless ``--ref-compile``; its CUDA graphs follow ``NO_CUDA_GRAPH``.
 """
 

@@ -1,4 +1,4 @@
-"""``myna bench fallback``: how fast and how cleanly a turn moves to the fallback engine (issue 14.1).
+"""``myna bench fallback``: how fast and how cleanly a turn moves to the fallback engine.
 
 In process, on the engines' own streams (no network): the primary is the embedded Piper voice
 behind an injected fault (:mod:`myna.bench.faulty`; the released DSM weights are not

@@ -9,6 +9,7 @@ processes spinning on the CPU for the length of a run, so that a loaded host is 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -76,14 +77,20 @@ class Server:
 
     def stop(self) -> int:
         """Terminate it (kill after 15 s); returns its exit status."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return terminate(self.proc, 15)
+
+
+def terminate(proc: subprocess.Popen, timeout: float, sig: int = signal.SIGTERM) -> int:
+    """Send ``sig`` to a child still running, wait up to ``timeout`` seconds, then kill it;
+    returns its exit status."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
 
 
 class BusyLoad:

@@ -7,7 +7,7 @@ here. Everything is measured side by side in one run:
 
 1. **Perceived TTFA at 1 session.** The same text at the same token rate, turns alternating
    between a direct session (:class:`myna.rtc.client.MynaClient`) and a room participant
-   (:class:`myna.bench.room_client.RoomClient`, text over ``myna.text``); first text chunk sent →
+   (:class:`myna.room.client.RoomClient`, text over ``myna.text``); first text chunk sent →
    first audible sample received (myna.audio.onset). Each client is its transport's natural
    receiver (aiortc; libwebrtc with its jitter buffer).
 2. **Interrupt.** Mid-turn barge-ins: how long after the interrupt returned (the RPC's answer
@@ -198,9 +198,9 @@ async def _cpu(host: "MynaHost", node, path: str, sessions: int, window: float) 
 
 
 def room_client(url: str):
-    """A :class:`~myna.bench.room_client.RoomClient` (not connected yet) in a new room of the
+    """A :class:`~myna.room.client.RoomClient` (not connected yet) in a new room of the
     LiveKit server at ``url``, with Myna (agent :data:`AGENT_NAME`) dispatched into it."""
-    from myna.bench.room_client import RoomClient
+    from myna.room.client import RoomClient
     from myna.room.tokens import participant_token
     from myna.bench.livekit_server import DEV_KEY, DEV_SECRET
 

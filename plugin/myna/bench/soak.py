@@ -13,7 +13,7 @@ Three parts, one JSON:
 2. **Idle.** ``--idle-sessions`` connected sessions that say nothing, three windows of
    ``--idle-seconds``: the worker's CPU per idle session and idle sessions per core. The
    clients run in a child process, so only the worker's own CPU is counted.
-3. **Long run** (``--long-minutes``, 0 skips it; the issue's figure is 30): the worker's
+3. **Long run** (``--long-minutes``, 0 skips it; 30 is a meaningful run): the worker's
    measured capacity of sessions (or ``--long-sessions``), every one speaking continuously
    (clients in a child process); frame-deadline deviation p99 (the paced track's wake-up
    lateness, per frame) and underruns in the first and the last ``--window-minutes``.
@@ -43,7 +43,7 @@ from myna.extras import require
 REPLY = "Thanks, that is all."
 LONG_REPLY = ("The weather today is sunny, with a light breeze from the west. Tomorrow brings clouds in the "
               "morning and rain after noon, so keep an umbrella close.")
-#: RSS growth over the measured cycles that counts as a leak (the issue's target).
+#: RSS growth over the measured cycles that counts as a leak.
 RSS_GROWTH_LIMIT_MB = 20.0
 
 
@@ -58,7 +58,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--idle-sessions", type=int, default=8, help="idle sessions to measure (default: %(default)s; 0 skips)")
     p.add_argument("--idle-seconds", type=float, default=10.0, help="idle measurement window, three of them (default: %(default)s)")
     p.add_argument("--long-minutes", type=float, default=0.0,
-                   help="minutes of the run at capacity (default: %(default)s: skipped; the issue asks for 30)")
+                   help="minutes of the run at capacity (default: %(default)s: skipped; 30 is a meaningful run)")
     p.add_argument("--window-minutes", type=float, default=5.0,
                    help="first/last window of the long run compared (default: %(default)s)")
     p.add_argument("--long-sessions", type=int, default=None, help="sessions in the long run (default: measured capacity)")

@@ -1,4 +1,4 @@
-"""Tiny random DSM TTS checkpoints in exactly the released layout (dsm_spec §1, §8.1), for tests
+"""Tiny random DSM TTS checkpoints in exactly the released layout (dsm-inference §1, §8.1), for tests
 and offline demos: every feature on (demuxed text, cross-attention to a voice, the three
 conditioners and the fuser, depformer weight schedule, low-rank embeddings, acoustic delays),
 reduced sizes, a tiny voice file and a SentencePiece model trained on the spot.
@@ -36,7 +36,7 @@ Quiet zebras jog by; vexing wizards fix quirky jukeboxes. Xylophones yield zany 
 
 def randomize(module: torch.nn.Module, seed: int = 0) -> None:
     """Fill a module with random weights, in place on its device, that keep activations near unit
-    scale (std 1/sqrt(fan-in); norms near 1). Step time does not depend on the values (DESIGN §6),
+    scale (std 1/sqrt(fan-in); norms near 1). Step time does not depend on the values,
     so this also serves the full-size benchmarks. Deterministic for a seed and device."""
     gens: dict[torch.device, torch.Generator] = {}
     with torch.no_grad():

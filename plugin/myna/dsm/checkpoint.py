@@ -1,4 +1,4 @@
-"""Reading released DSM TTS checkpoints (dsm_spec §1): ``config.json``, the LM and Mimi safetensors,
+"""Reading released DSM TTS checkpoints (dsm-inference §1): ``config.json``, the LM and Mimi safetensors,
 from a folder or a Hugging Face repo id.
 
 - Tensors are read memory-mapped (``safetensors.safe_open``) and cast on the way: the LM to the

@@ -1,4 +1,4 @@
-"""Conditioning (dsm_spec §2.7, §3): the LUT conditioners (``cfg``, ``control``), the tensor
+"""Conditioning (dsm-inference §2.7, §3): the LUT conditioners (``cfg``, ``control``), the tensor
 conditioner (``speaker_wavs``), and the fuser that turns them into the per-step sum
 (B, 1, dim) and the cross-attention source (B, S, dim).
 

@@ -3,7 +3,7 @@
 ``__post_init__`` (gpt-fast style).
 
 The field names are the keys of the released ``config.json`` (``kyutai/tts-1.6b-en_fr``,
-dsm_spec §1.1–1.2), so ``DSMConfig.from_json(json.load(...))`` reads a released config and
+dsm-inference §1.1–1.2), so ``DSMConfig.from_json(json.load(...))`` reads a released config and
 ``to_json()`` writes one in the same layout.
 """
 
@@ -47,7 +47,7 @@ def _default_mimi_json() -> dict[str, Any]:
 
 @dataclass
 class MimiConfig:
-    """Sizes of the Mimi decoder path (dsm_spec §4). Only the decode path is built.
+    """Sizes of the Mimi decoder path (dsm-inference §4). Only the decode path is built.
 
     ``frame_size`` (samples per 80 ms frame, 1920 at 24 kHz) and ``upsample_stride`` (2: the
     transformer runs at 25 Hz) are derived.
@@ -166,7 +166,7 @@ def _fuser_1p6b() -> dict[str, Any]:
 
 @dataclass
 class DSMConfig:
-    """Hyper-parameters of a DSM TTS checkpoint (dsm_spec §1.2), plus derived sizes.
+    """Hyper-parameters of a DSM TTS checkpoint (dsm-inference §1.2), plus derived sizes.
 
     Streams: 0 is text, 1..n_q are Mimi codebooks (1 = semantic). ``delays`` has ``n_q + 1``
     entries. Derived in ``__post_init__``: ``head_dim``, ``ff_hidden`` (gated FFN width,

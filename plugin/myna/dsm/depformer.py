@@ -1,4 +1,4 @@
-"""The depformer (depth transformer, dsm_spec §2.4 step 5, §7.5): a small transformer that runs
+"""The depformer (depth transformer, dsm-inference §2.4 step 5, §7.5): a small transformer that runs
 across the codebooks of one frame, codebook k using weight slot ``schedule[k]`` for its input
 projection, attention and FFN, with a fresh per-frame KV cache and a per-codebook output head.
 

@@ -1,4 +1,4 @@
-"""One 80 ms DSM frame step for B slots (dsm_spec §2.4), the only copy of it: :meth:`DSMTTS.generate
+"""One 80 ms DSM frame step for B slots (dsm-inference §2.4), the only copy of it: :meth:`DSMTTS.generate
 <myna.dsm.tts.DSMTTS.generate>` (so ``synthesize()``) and the frame loop (eagerly, or replaying the
 CUDA graphs captured from it) both run :class:`FrameStep`.
 

@@ -1,4 +1,4 @@
-"""The DSM language model (dsm_spec §1.3, §2.1, §2.4): input embeddings (audio, demuxed text),
+"""The DSM language model (dsm-inference §1.3, §2.1, §2.4): input embeddings (audio, demuxed text),
 the temporal transformer (fp32 RMSNorm, interleaved RoPE, self-attention over a ring KV cache,
 cross-attention to the voice in every layer, gated SiLU FFN), the text head, and the depformer's
 inputs and heads.

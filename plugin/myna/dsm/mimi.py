@@ -1,4 +1,4 @@
-"""The Mimi decoder (dsm_spec §4), fp32: split RVQ decode → ×2 depthwise transposed-conv upsample
+"""The Mimi decoder (dsm-inference §4), fp32: split RVQ decode → ×2 depthwise transposed-conv upsample
 (12.5 → 25 Hz) → causal transformer (LayerNorm, RoPE, GELU, LayerScale, ring KV cache) → SEANet
 decoder (causal convs and transposed convs, ELU) → 24 kHz PCM.
 

@@ -1,4 +1,4 @@
-"""Token sampling (dsm_spec §2.4 step 4, §2.6): temperature, top-k and the exponential-race
+"""Token sampling (dsm-inference §2.4 step 4, §2.6): temperature, top-k and the exponential-race
 sampler, or greedy argmax.
 
 The race takes argmax(p / q) over the (top-k) probabilities p with q ~ Exp(1) i.i.d., which

@@ -1,4 +1,4 @@
-"""The text side of DSM TTS (dsm_spec §2.2–2.3): turning a script into word entries, and the
+"""The text side of DSM TTS (dsm-inference §2.2–2.3): turning a script into word entries, and the
 per-slot text state machine that decides, from each sampled text token, what the model reads at
 the next step (WORD/PAD, forced padding, max padding, the lookahead second stream, end of text).
 

@@ -1,4 +1,4 @@
-"""Text to 24 kHz speech with a DSM TTS checkpoint (dsm_spec §2–§4): :func:`load` and
+"""Text to 24 kHz speech with a DSM TTS checkpoint (dsm-inference §2–§4): :func:`load` and
 :class:`DSMTTS`, whose :meth:`DSMTTS.synthesize` runs the frame step of :mod:`myna.dsm.frame` for
 one text (batch 1) and decodes with Mimi. The turn's trimming rules (:attr:`DSMTTS.skip_frames`,
 :meth:`DSMTTS.turn_frames`, :meth:`DSMTTS.word_start_s`) serve the streaming frame loop too.
@@ -54,7 +54,7 @@ class GenerationResult:
 class DSMTTS:
     """A loaded DSM TTS model: LM (:class:`DSMLM`), Mimi decoder, SentencePiece tokenizer, config.
 
-    Generation settings (dsm_spec §2.6) are plain attributes: ``temperature`` 0.6 (text and audio),
+    Generation settings (dsm-inference §2.6) are plain attributes: ``temperature`` 0.6 (text and audio),
     ``top_k_text`` 25, ``top_k_audio`` 250, ``cfg_value`` "2.0" (the CFG-distilled LUT condition),
     ``final_padding`` 4, ``padding_bonus`` 0, ``max_steps`` 30000, ``n_q`` (codebooks generated
     and decoded; fewer is faster, e.g. 24 as Kyutai's server; default all).
@@ -187,7 +187,7 @@ class DSMTTS:
     @torch.no_grad()
     def synthesize(self, text: str | Sequence[str], voice=None, *, seed: int | None = None,
                    greedy: bool = False) -> SynthesisResult:
-        """Speak ``text`` (dsm_spec §2.2–2.5, trimming as the reference's ``simple_generate``).
+        """Speak ``text`` (dsm-inference §2.2–2.5, trimming as the reference's ``simple_generate``).
 
         ``voice``: a Kyutai voice file or tensor [1, C, 125] (required by the 1.6b layout);
         ``seed`` seeds a private generator; ``greedy`` takes argmax everywhere. Returns a
@@ -223,7 +223,7 @@ class DSMTTS:
 
 def load(path_or_repo: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype | None = None, *,
          progress: bool = True) -> DSMTTS:
-    """Load a DSM TTS checkpoint (dsm_spec §1) from a folder or a Hugging Face repo id.
+    """Load a DSM TTS checkpoint (dsm-inference §1) from a folder or a Hugging Face repo id.
 
     The LM runs in ``dtype`` (default bf16 on CUDA, fp32 elsewhere); Mimi and the conditioners in
     fp32. The folder holds ``config.json`` and the LM, Mimi and SentencePiece files it names.

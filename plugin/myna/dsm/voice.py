@@ -1,4 +1,4 @@
-"""Voice conditioning inputs (dsm_spec §3): Kyutai voice files and the speaker slots.
+"""Voice conditioning inputs (dsm-inference §3): Kyutai voice files and the speaker slots.
 
 A voice file (``kyutai/tts-voices/<name>.wav.<sig>@<epoch>.safetensors``) holds one tensor,
 ``speaker_wavs`` fp32 [1, 512, 125]: the unquantized Mimi latent of 10 s of speech. The model's

@@ -115,7 +115,7 @@ def default_workers() -> int:
 
 
 #: Streaming strategies: the unit of synthesis → a chunker factory and a description. The clause
-#: strategy speaks its first phrase early (issue 10): at the first clause break, or once
+#: strategy speaks its first phrase early: at the first clause break, or once
 #: :data:`FIRST_PHRASE_WORDS` words are complete, or :data:`FIRST_PHRASE_WAIT_S` after the first
 #: word, whichever comes first; later units are clause-sized.
 STRATEGIES = {
@@ -639,7 +639,7 @@ class PiperStream(SynthesisStream):
         return self._chunker.deadline
 
     def _on_text(self) -> None:
-        """Start the first phrase's latent on a guess (issue 22.3). A chunk that ends in a
+        """Start the first phrase's latent on a guess. A chunk that ends in a
         word leaves it open (the next chunk may go on: "book" + "ed"), and the early first
         phrase waits for its last word; meanwhile the guess that the word is complete is
         synthesised, and used if the phrase comes out as guessed (:meth:`_guessed`), else dropped."""

@@ -20,6 +20,9 @@ the room disconnects (closed, server gone, removed), :meth:`RoomAgent.stop` is c
 ``leave_when_empty``, ``departure_timeout`` seconds after the last participant other than
 agents left with no one back meanwhile (a reload, a dropped connection that comes back: Myna
 is still there; an agent dispatched into an empty room waits for someone to come and go).
+Without it (``myna room``) the room's own end ends it: LiveKit closes a room its
+``departure_timeout`` after the last participant other than agents left (20 s by default);
+one log line says so when the room empties.
 :meth:`RoomAgent.close` releases everything: turns, the pacer, the track, the room connection.
 
 One Myna per room: Myna instances recognise each other (participant attribute ``myna.ready``,
@@ -188,6 +191,7 @@ class RoomAgent:
         self._done = asyncio.Event()
         self._closed = False
         self._departure: asyncio.TimerHandle | None = None
+        self._emptied = False  # (without leave_when_empty) the last participant left, no one came back yet
 
     # -- lifetime ---------------------------------------------------------------------------
     def attach(self) -> None:
@@ -312,6 +316,9 @@ class RoomAgent:
             log.info("room %r: %r is back; staying", self.room.name, participant.identity)
             self._departure.cancel()
             self._departure = None
+        if participant.kind != rtc.ParticipantKind.PARTICIPANT_KIND_AGENT and self._emptied:
+            self._emptied = False
+            log.info("room %r: %r is back", self.room.name, participant.identity)
         self._check_seniority()
 
     def _on_attributes_changed(self, _changed: dict[str, str], participant: rtc.Participant) -> None:
@@ -388,6 +395,13 @@ class RoomAgent:
                 log.info("room %r has no one left to speak to; leaving in %g s unless someone comes back",
                          self.room.name, self.departure_timeout)
                 self._departure = asyncio.get_running_loop().call_later(self.departure_timeout, self._leave_if_empty)
+            elif not self.leave_when_empty and not self.others() and not self._emptied:
+                # (`myna room`): it stays as long as the room does, and the server ends the room.
+                self._emptied = True
+                after = f"{self.room.departure_timeout:g} s" if self.room.departure_timeout else "some time"
+                log.info("room %r has no one left to speak to; LiveKit closes it %s after the last participant "
+                         "left (the room's departure_timeout) unless someone comes back, and Myna leaves with it",
+                         self.room.name, after)
 
     def _leave_if_empty(self) -> None:
         self._departure = None

@@ -1,7 +1,11 @@
-"""``myna room`` (join one room) and ``myna worker`` (serve the rooms LiveKit dispatches).
+"""``myna room`` (join one room), ``myna worker`` (serve the rooms LiveKit dispatches) and
+``myna talk`` (a participant that speaks through Myna there and records its voice).
 
-Both take the server's WebSocket URL; the API key and secret come from ``LIVEKIT_API_KEY`` and
-``LIVEKIT_API_SECRET`` (``myna room`` may take a ready ``--token`` instead). Both take the same
+All take the server's WebSocket URL; the API key and secret come from ``LIVEKIT_API_KEY`` and
+``LIVEKIT_API_SECRET`` (``myna room`` and ``myna talk`` may take a ready ``--token`` instead).
+LiveKit's development keys (``livekit-server --dev``: ``devkey`` / ``secret``) are shorter than
+HS256 wants: one log line says so (:func:`myna.access.short_secret_notice`). ``myna room`` and
+``myna worker`` take the same
 engine flags as ``myna serve`` (:func:`myna.engines.build.add_engine_arguments`: DSM, fallback,
 the phrase cache) and its session flags (:func:`myna.sessions.add_session_arguments`: turn
 limits, message rate, start budget, drain).
@@ -16,6 +20,12 @@ Exit status: ``myna room`` returns 0 when it is stopped (Ctrl-C, SIGTERM) or the
 (closed, deleted, Myna removed) and 1 when the join is refused (bad or expired token, no
 server) or the connection is lost. ``myna worker`` returns 0 when stopped and 1 when it cannot
 reach the server after its retries.
+
+When people leave: ``myna room`` stays while the room lives; LiveKit closes a room its
+``departure_timeout`` (20 s by default) after the last participant other than agents left, and
+``myna room`` then exits 0 (one log line says so when the room empties). ``myna worker``'s Myna
+leaves each room ``--departure-timeout`` seconds after it emptied and the worker keeps serving.
+``myna talk`` leaves as soon as its turns are spoken.
 """
 
 from __future__ import annotations
@@ -27,8 +37,14 @@ import os
 import signal
 import sys
 import time
+import uuid
+import wave
+from pathlib import Path
 from typing import NoReturn
 
+import numpy as np
+
+from myna.access import short_secret_notice
 from myna.engines.build import EngineOptions, add_engine_arguments, build_engines
 from myna.extras import require
 from myna.limits import measure_capacity
@@ -46,7 +62,7 @@ def add_parsers(sub) -> None:
     """Register ``room`` and ``worker`` on the ``myna`` sub-command parser."""
     p = sub.add_parser("room", help="join one LiveKit room as a voice bot",
                        description="Join a LiveKit room and speak what participants stream to Myna "
-                                   "(README: LiveKit rooms).")
+                                   "(docs/livekit.md).")
     p.add_argument("--url", required=True, help="the LiveKit server's WebSocket URL, e.g. ws://127.0.0.1:7880")
     p.add_argument("--room", required=True, help="room name")
     p.add_argument("--identity", default="myna", help="Myna's participant identity (default: %(default)s)")
@@ -72,6 +88,33 @@ def add_parsers(sub) -> None:
     _add_common(p)
     p.set_defaults(func=_worker)
 
+    p = sub.add_parser("talk", help="speak through Myna in a LiveKit room and record its voice",
+                       description="Join a LiveKit room as a participant, stream each TEXT to Myna there as one turn "
+                                   "(topic myna.text, in token-sized chunks as an LLM writes them), record Myna's "
+                                   "audio track to a WAV file and print the time to first audio. Myna must be in the "
+                                   "room (`myna room`) or be dispatched to it: --dispatch AGENT_NAME asks the server "
+                                   "to dispatch a running `myna worker` first. Leaves once the turns are spoken. "
+                                   "Exits 2 on bad input (nothing to speak, an unwritable file), 1 when the join or "
+                                   "the dispatch is refused, no Myna comes, or a turn brings no audio.")
+    p.add_argument("text", nargs="+", help="what to say (each argument is one turn)")
+    p.add_argument("--url", required=True, help="the LiveKit server's WebSocket URL, e.g. ws://127.0.0.1:7880")
+    p.add_argument("--room", required=True, help="room name")
+    p.add_argument("--identity", default=None, help="your participant identity (default: talk- and a random suffix)")
+    p.add_argument("--token", help="a join token (default: minted from LIVEKIT_API_KEY and LIVEKIT_API_SECRET)")
+    p.add_argument("--dispatch", metavar="AGENT_NAME",
+                   help="first dispatch this agent (a `myna worker`'s --agent-name, `myna` by default) to the "
+                        "room through the server's API (needs LIVEKIT_API_KEY and LIVEKIT_API_SECRET)")
+    p.add_argument("--myna", metavar="IDENTITY", help="Myna's identity in the room (default: the Myna that is there)")
+    p.add_argument("-o", "--output", type=Path, default=Path("talk.wav"), help="WAV file to write (default: %(default)s)")
+    p.add_argument("--token-rate", type=float, default=30.0,
+                   help="tokens per second, like an LLM (0: all at once; default: %(default)s)")
+    p.add_argument("--wait", type=float, default=30.0, metavar="S",
+                   help="seconds to wait for Myna to be ready in the room (default: %(default)s)")
+    p.add_argument("--trim", action=argparse.BooleanOptionalAction, default=True,
+                   help="start each turn's audio at its first audible sample (default); --no-trim keeps it from "
+                        "the first text chunk sent, TTFA silence included")
+    p.set_defaults(func=_talk)
+
 
 def _add_common(p) -> None:
     p.add_argument("--speak-for", nargs="+", metavar="IDENTITY",
@@ -84,6 +127,7 @@ def _credentials() -> tuple[str, str]:
     key, secret = os.environ.get("LIVEKIT_API_KEY"), os.environ.get("LIVEKIT_API_SECRET")
     if not key or not secret:
         raise SystemExit("myna: set LIVEKIT_API_KEY and LIVEKIT_API_SECRET (or pass --token to `myna room`)")
+    short_secret_notice(secret, "LIVEKIT_API_SECRET")
     return key, secret
 
 
@@ -238,3 +282,104 @@ async def _run_worker(args: argparse.Namespace) -> int:
         return 0
     finally:
         await engines.close()
+
+
+# -- talk ---------------------------------------------------------------------------------
+#: Samples kept before the first audible one when trimming (10 ms at 48 kHz), as `myna say` does.
+_TRIM_MARGIN = 480
+
+
+def _talk(args: argparse.Namespace) -> NoReturn:
+    require("livekit")
+    _exit(asyncio.run(_run_talk(args)))
+
+
+async def _run_talk(args: argparse.Namespace) -> int:
+    from livekit import api, rtc
+
+    from myna.audio.onset import first_audible_sample
+    from myna.audio.playout import SAMPLE_RATE
+    from myna.room.client import RoomClient
+    from myna.room.tokens import participant_token
+    from myna.text.symbols import normalise
+
+    empty = next((text for text in args.text if not normalise(text)), None)
+    if empty is not None:
+        print(f"myna talk: nothing to speak in {empty!r}: the text has no letters or digits", file=sys.stderr)
+        return 2
+    existed = args.output.exists()
+    try:
+        if args.output.is_dir():
+            raise IsADirectoryError("it is a folder")
+        with open(args.output, "ab"):  # fail before joining, not after the turns (appending changes nothing)
+            pass
+    except OSError as exc:
+        print(f"myna talk: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    if not existed:
+        args.output.unlink(missing_ok=True)
+    identity = args.identity or f"talk-{uuid.uuid4().hex[:6]}"
+    if args.token and not args.dispatch:
+        token = args.token
+    else:
+        key, secret = _credentials()
+        token = args.token or participant_token(key, secret, args.room, identity)
+    if args.dispatch:
+        try:
+            async with api.LiveKitAPI(args.url, key, secret) as lk:
+                dispatch = await lk.agent_dispatch.create_dispatch(
+                    api.CreateAgentDispatchRequest(agent_name=args.dispatch, room=args.room))
+        except Exception as exc:  # TwirpError, aiohttp's errors, a bad URL: one line, not a traceback
+            print(f"myna talk: could not dispatch agent {args.dispatch!r} to room {args.room!r} at {args.url}: "
+                  f"{str(exc) or type(exc).__name__}", file=sys.stderr)
+            return 1
+        print(f"myna talk: dispatched agent {args.dispatch!r} to room {args.room!r} ({dispatch.id}); "
+              "a `myna worker` registered under that name joins it", flush=True)
+    client = RoomClient(args.url, token, myna_identity=args.myna)
+    try:
+        await client.connect(timeout=args.wait)
+    except rtc.ConnectError as exc:
+        print(f"myna talk: could not join room {args.room!r} at {args.url}: {exc}", file=sys.stderr)
+        return 1
+    except TimeoutError:
+        await client.close()
+        print(f"myna talk: no Myna ready in room {args.room!r} after {args.wait:g} s: start one there "
+              f"(`myna room --url {args.url} --room {args.room}`), or dispatch a running `myna worker` "
+              "(--dispatch AGENT_NAME)", file=sys.stderr)
+        return 1
+    pieces, failed = [], False
+    try:
+        myna = client.myna()
+        print(f"myna talk: in room {args.room!r} as {identity!r}; Myna is {myna.identity!r} "
+              f"(engine {client.ready.get('engine')})", flush=True)
+        for n, text in enumerate(args.text, 1):
+            result = await client.speak(text, tokens_per_s=args.token_rate or None)
+            for event in result.events:
+                if event["type"] == "error":
+                    failed = True
+                    print(f"myna talk: turn {n}: error {event['code']}: {event['message']}", file=sys.stderr)
+            onset = first_audible_sample(result.pcm, SAMPLE_RATE)
+            if onset is None:
+                failed = True
+                print(f"myna talk: turn {n}: no audible audio came back", file=sys.stderr)
+                continue
+            pcm = result.pcm[max(0, onset - _TRIM_MARGIN):] if args.trim else result.pcm
+            pieces.append(pcm)
+            print(f"turn {n}: {len(pcm) / SAMPLE_RATE:.2f} s of audio; server TTFA {_ms(result.server_ttfa_ms)}, "
+                  f"perceived TTFA {_ms(result.perceived_ttfa_ms)} (first text chunk sent to first audible sample "
+                  "received)", flush=True)
+    finally:
+        await client.close()
+    if pieces:
+        pcm = np.concatenate(pieces)
+        with open(args.output, "wb") as f, wave.open(f, "wb") as w:
+            w.setnchannels(1)
+            w.setsampwidth(2)
+            w.setframerate(SAMPLE_RATE)
+            w.writeframes(pcm.astype("<i2").tobytes())
+        print(f"wrote {args.output} ({len(pcm) / SAMPLE_RATE:.2f} s at {SAMPLE_RATE} Hz)", flush=True)
+    return 1 if failed or not pieces else 0
+
+
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0f} ms"

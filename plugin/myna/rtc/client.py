@@ -7,7 +7,7 @@ samples by the audible-onset rule (myna.audio.onset), two ways:
 
 - **arrival TTFA**: first chunk sent → the arrival of the RTP packet that carries the first
   audible sample (plus the onset's place in it): the packet decoded as it arrives, with no
-  receive jitter buffer (the convention of Coval's TTS benchmarks, and how the issue-22 table
+  receive jitter buffer (the convention of Coval's TTS benchmarks, and how `myna bench ttfa`
   measures every system);
 - **perceived TTFA**: the same onset when aiortc's receiver hands the decoded frame out, after
   its jitter buffer has held 4 packets (~80 ms on a quiet loopback; what the benchmarks

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from myna.access import short_secret_notice
 from myna.extras import require
 from myna.messages import TurnDefaults
 
@@ -119,6 +120,7 @@ def add_room_lane(app: web.Application, worker, url: str | None) -> None:
         key, secret = os.environ.get("LIVEKIT_API_KEY"), os.environ.get("LIVEKIT_API_SECRET")
         if not key or not secret:
             raise SystemExit("myna serve --livekit-url: set LIVEKIT_API_KEY and LIVEKIT_API_SECRET")
+        short_secret_notice(secret, "LIVEKIT_API_SECRET")
         lanes = RoomLanes(worker, url, key, secret)
 
     def missing() -> tuple[str, str] | None:

@@ -1,4 +1,4 @@
-// Access tokens, for a worker started with keys (README "A worker on the internet"): taken from
+// Access tokens, for a worker started with keys (docs/deployment.md, "Access tokens"): taken from
 // `?token=` in the page's URL, or typed into a field the page shows when the worker asks for one.
 const STORAGE_KEY = "myna.token";
 let token = new URLSearchParams(location.search).get("token") || sessionStorage.getItem(STORAGE_KEY) || "";

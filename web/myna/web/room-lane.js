@@ -2,7 +2,7 @@
 // and is measured exactly like a direct lane (lane.js: same audio tap, same onset rule, same
 // turn records). Available when the worker runs with `myna serve --livekit-url URL`.
 //
-// Transport (README "LiveKit rooms"): the worker's POST /api/room opens a room with Myna in it and
+// Transport (docs/contract.md, "LiveKit rooms"): the worker's POST /api/room opens a room with Myna in it and
 // returns a join token; the lane sends the data-channel JSON messages as reliable data packets on
 // topic "myna" to Myna, reads Myna's events from packets on topic "myna.events", and plays Myna's
 // audio track. livekit-client is served by the worker from the set-up's npm install

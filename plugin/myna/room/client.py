@@ -1,4 +1,4 @@
-"""A Python participant that talks to Myna in a LiveKit room (tests, ``myna bench``).
+"""A Python participant that talks to Myna in a LiveKit room (``myna talk``, tests, ``myna bench``).
 
 It joins the room with its own token, waits for Myna (the participant whose ``myna.ready``
 attribute is set) and subscribes to its track, streams a turn's text over ``myna.text`` as
