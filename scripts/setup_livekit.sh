@@ -69,8 +69,9 @@ fi
 if [ "$mode" != dev ] && [ -n "$server" ]; then
   cat <<EOF
 setup: LiveKit is ready. Next (docs/livekit-quickstart.md), each terminal in this folder:
-  terminal 1:  $server --dev
-               (a development server on ws://127.0.0.1:7880, API key devkey, secret secret)
+  terminal 1:  $server --config scripts/livekit-dev.yaml
+               (a development server on ws://127.0.0.1:7880, API key devkey, secret secret,
+               that hands clients no public STUN server)
   terminal 2:  export LIVEKIT_API_KEY=devkey LIVEKIT_API_SECRET=secret
                .venv/bin/myna room --url ws://127.0.0.1:7880 --room demo
   terminal 3:  export LIVEKIT_API_KEY=devkey LIVEKIT_API_SECRET=secret

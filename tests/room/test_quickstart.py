@@ -1,6 +1,6 @@
 """docs/livekit-quickstart.md, walked: the commands a newcomer runs, as they are written there.
 
-A development server (``livekit-server --dev``: ws://127.0.0.1:7880, keys devkey / secret; the
+A development server (``scripts/livekit-dev.yaml``: ws://127.0.0.1:7880, keys devkey / secret; the
 binary the test set-up built), ``myna room`` in a room and ``myna talk`` speaking through it,
 then ``myna worker`` and ``myna talk --dispatch myna``. Each ``myna`` command is the venv's own
 ``myna`` script with the page's arguments, run from a scratch folder; Myna's speech must arrive
@@ -35,10 +35,11 @@ from tests.room.support import ARTIFACTS
 
 pytestmark = [pytest.mark.network]
 
-PAGE = Path(__file__).resolve().parents[2] / "docs" / "livekit-quickstart.md"
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = ROOT / "docs" / "livekit-quickstart.md"
 URL = "ws://127.0.0.1:7880"
 KEYS = "export LIVEKIT_API_KEY=devkey LIVEKIT_API_SECRET=secret"
-SERVER = ".lk/bin/livekit-server --dev"
+SERVER = ".lk/bin/livekit-server --config scripts/livekit-dev.yaml"
 ROOM = ".venv/bin/myna room --url ws://127.0.0.1:7880 --room demo"
 TALK = '.venv/bin/myna talk --url ws://127.0.0.1:7880 --room demo "Hello from a LiveKit room."'
 WORKER = ".venv/bin/myna worker --url ws://127.0.0.1:7880"
@@ -54,6 +55,7 @@ class Command:
         argv = shlex.split(line)
         if argv[0] == ".lk/bin/livekit-server":
             argv[0] = str(find_livekit_server())
+            argv = [str(ROOT / a) if a.startswith("scripts/") else a for a in argv]
         elif argv[0] == ".venv/bin/myna":
             argv[0] = str(Path(sys.executable).parent / "myna")
         self.log_path = ARTIFACTS / f"quickstart-{name}-{time.monotonic_ns()}.log"
@@ -96,14 +98,14 @@ def heard(whisper, path: Path, said: str) -> float:
 
 @pytest.fixture
 def dev_server(tmp_path):
-    """``livekit-server --dev`` as the page starts it, ready."""
+    """The development LiveKit server as the page starts it, ready."""
     if find_livekit_server() is None:
         pytest.skip(missing_livekit_server())
     if not isolated_namespace():
         pytest.fail("LiveKit tests must run in a loopback-only namespace: use `bash scripts/test.sh`")
     with socket.socket() as s:
         if s.connect_ex(("127.0.0.1", 7880)) == 0:
-            pytest.fail("something listens on 127.0.0.1:7880 in this namespace already (another livekit-server --dev?)")
+            pytest.fail("something listens on 127.0.0.1:7880 in this namespace already (another development livekit-server?)")
     media_address()  # the veth pair media needs in this namespace (myna.bench.livekit_server)
     ARTIFACTS.mkdir(exist_ok=True)
     server = Command(SERVER, tmp_path, "server")
@@ -160,3 +162,16 @@ def test_the_quickstart_commands_speak_through_a_room_and_a_dispatched_worker(de
         room.stop()
         if worker is not None:
             worker.stop()
+
+
+def test_the_development_config_keeps_to_this_machine():
+    """What `livekit-server --dev` does not: no public STUN server handed to clients, no query for
+    a public address, signalling on loopback only, no ICE/TCP listener on every interface."""
+    import yaml
+
+    config = yaml.safe_load((ROOT / "scripts" / "livekit-dev.yaml").read_text())
+    rtc = config["rtc"]
+    assert config["bind_addresses"] == ["127.0.0.1"] and config["port"] == 7880
+    assert rtc["use_external_ip"] is False and rtc["tcp_port"] == 0 and rtc["udp_port"] == 7882
+    assert rtc["stun_servers"] and all(server.startswith("127.") for server in rtc["stun_servers"])
+    assert config["keys"] == {"devkey": "secret"}
