@@ -12,19 +12,27 @@ or PCM as it is made); typed events (:mod:`myna.events`) go back to the door. ``
 CLI; :mod:`myna.bench` is tooling (benchmarks, test servers, fault injection).
 """
 
+from pathlib import Path
+
 
 def __getattr__(name: str):
-    """``myna.__version__``: the installed distribution's version, so pyproject.toml's
-    ``version`` is its one source; read on first use (importlib.metadata costs tens of ms,
-    which a plain ``import myna`` does not pay). In a checkout on PYTHONPATH without an
-    install it is ``0+unknown``."""
+    """``myna.__version__``: pyproject.toml's ``version``, its one source: read from the file when
+    this package runs from a checkout (so a bumped version shows before any reinstall), else from
+    the installed distribution's metadata; read on first use (importlib.metadata costs tens of ms,
+    which a plain ``import myna`` does not pay)."""
     if name == "__version__":
-        from importlib.metadata import PackageNotFoundError, version
+        pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+        if pyproject.is_file():
+            import tomllib
 
-        try:
-            value = version("myna")
-        except PackageNotFoundError:
-            value = "0+unknown"
+            value = tomllib.loads(pyproject.read_text())["project"]["version"]
+        else:
+            from importlib.metadata import PackageNotFoundError, version
+
+            try:
+                value = version("myna")
+            except PackageNotFoundError:
+                value = "0+unknown"
         globals()["__version__"] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
