@@ -175,3 +175,27 @@ def test_the_development_config_keeps_to_this_machine():
     assert rtc["use_external_ip"] is False and rtc["tcp_port"] == 0 and rtc["udp_port"] == 7882
     assert rtc["stun_servers"] and all(server.startswith("127.") for server in rtc["stun_servers"])
     assert config["keys"] == {"devkey": "secret"}
+
+
+def test_myna_talk_when_myna_leaves_and_the_file_fails(dev_server, tmp_path):
+    """Myna killed after the first of two turns: the second fails at once with one line, the
+    first's audio is written, exit 1; a WAV to /dev/full is one line and exit 1, no traceback."""
+    room = Command(ROOM + " --phrase-cache-warm none", tmp_path, "room-leaves")
+    try:
+        room.wait_for("myna: in room 'demo' as 'myna'")
+        full = Command(TALK + " -o /dev/full", tmp_path, "talk-devfull")
+        assert full.exit_code(timeout=60) == 1, full.output()
+        assert "myna talk: cannot write /dev/full" in full.output() and "Traceback" not in full.output()
+        talk = Command(TALK + ' "A second turn that never comes." --token-rate 30', tmp_path, "talk-leaves")
+        talk.wait_for("turn 1:", timeout=60)
+        room.proc.kill()
+        t0 = time.monotonic()
+        assert talk.exit_code(timeout=40) == 1, talk.output()
+        # A killed Myna is gone once the server's ping timeout notices (~20 s), not the turn's 60 s.
+        assert time.monotonic() - t0 < 28, talk.output()
+        out = talk.output()
+        assert "myna talk: turn 2: Myna left the room" in out and "wrote talk.wav" in out, out
+        assert "Traceback" not in out, out
+        assert speech(tmp_path / "talk.wav").size > 48_000
+    finally:
+        room.stop()

@@ -192,6 +192,7 @@ class RoomAgent:
         self._closed = False
         self._departure: asyncio.TimerHandle | None = None
         self._emptied = False  # (without leave_when_empty) the last participant left, no one came back yet
+        self._left: set[str] = set()  # identities that were here and left (whose return is "back")
 
     # -- lifetime ---------------------------------------------------------------------------
     def attach(self) -> None:
@@ -312,13 +313,15 @@ class RoomAgent:
     def _on_participant_connected(self, participant: rtc.RemoteParticipant) -> None:
         if self._closed:
             return
+        # "back" only for someone who was here before; anyone else "joined".
+        came = "is back" if participant.identity in self._left else "joined"
         if participant.kind != rtc.ParticipantKind.PARTICIPANT_KIND_AGENT and self._departure is not None:
-            log.info("room %r: %r is back; staying", self.room.name, participant.identity)
+            log.info("room %r: %r %s; staying", self.room.name, participant.identity, came)
             self._departure.cancel()
             self._departure = None
         if participant.kind != rtc.ParticipantKind.PARTICIPANT_KIND_AGENT and self._emptied:
             self._emptied = False
-            log.info("room %r: %r is back", self.room.name, participant.identity)
+            log.info("room %r: %r %s", self.room.name, participant.identity, came)
         self._check_seniority()
 
     def _on_attributes_changed(self, _changed: dict[str, str], participant: rtc.Participant) -> None:
@@ -391,6 +394,7 @@ class RoomAgent:
         if not self._closed:
             self.router.participant_left(participant.identity)
             self._greeted.discard(participant.identity)
+            self._left.add(participant.identity)
             if self.leave_when_empty and not self.others() and self._departure is None:
                 log.info("room %r has no one left to speak to; leaving in %g s unless someone comes back",
                          self.room.name, self.departure_timeout)

@@ -33,7 +33,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import os
+import re
 import signal
 import sys
 import time
@@ -94,8 +96,10 @@ def add_parsers(sub) -> None:
                                    "audio track to a WAV file and print the time to first audio. Myna must be in the "
                                    "room (`myna room`) or be dispatched to it: --dispatch AGENT_NAME asks the server "
                                    "to dispatch a running `myna worker` first. Leaves once the turns are spoken. "
-                                   "Exits 2 on bad input (nothing to speak, an unwritable file), 1 when the join or "
-                                   "the dispatch is refused, no Myna comes, or a turn brings no audio.")
+                                   "Exits 2 on bad input (nothing to speak, an unwritable file, a bad --wait or "
+                                   "--token-rate, --identity set to Myna's), 1 when the join or the dispatch is "
+                                   "refused, no Myna comes, Myna leaves, a turn brings no audio, or the file cannot "
+                                   "be written; 130/143 when interrupted (SIGINT/SIGTERM).")
     p.add_argument("text", nargs="+", help="what to say (each argument is one turn)")
     p.add_argument("--url", required=True, help="the LiveKit server's WebSocket URL, e.g. ws://127.0.0.1:7880")
     p.add_argument("--room", required=True, help="room name")
@@ -109,7 +113,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--token-rate", type=float, default=30.0,
                    help="tokens per second, like an LLM (0: all at once; default: %(default)s)")
     p.add_argument("--wait", type=float, default=30.0, metavar="S",
-                   help="seconds to wait for Myna to be ready in the room (default: %(default)s)")
+                   help="seconds to wait for the join and for Myna to be ready in the room (default: %(default)s)")
     p.add_argument("--trim", action=argparse.BooleanOptionalAction, default=True,
                    help="start each turn's audio at its first audible sample (default); --no-trim keeps it from "
                         "the first text chunk sent, TTFA silence included")
@@ -123,10 +127,11 @@ def _add_common(p) -> None:
     add_session_arguments(p)
 
 
-def _credentials() -> tuple[str, str]:
+def _credentials(command: str = "room") -> tuple[str, str]:
     key, secret = os.environ.get("LIVEKIT_API_KEY"), os.environ.get("LIVEKIT_API_SECRET")
     if not key or not secret:
-        raise SystemExit("myna: set LIVEKIT_API_KEY and LIVEKIT_API_SECRET (or pass --token to `myna room`)")
+        hint = "; --dispatch needs them" if command == "talk" else ""
+        raise SystemExit(f"myna: set LIVEKIT_API_KEY and LIVEKIT_API_SECRET (or pass --token to `myna {command}`{hint})")
     short_secret_notice(secret, "LIVEKIT_API_SECRET")
     return key, secret
 
@@ -290,16 +295,53 @@ _TRIM_MARGIN = 480
 
 
 def _talk(args: argparse.Namespace) -> NoReturn:
+    problem = _talk_input_error(args)
+    if problem is not None:
+        print(f"myna talk: {problem}", file=sys.stderr)
+        _exit(2)
     require("livekit")
+    if getattr(args, "log_level", "info") != "debug":
+        logging.getLogger("livekit").setLevel(logging.ERROR)  # the SDK's INFO/WARNING lines (--log-level debug shows them)
     _exit(asyncio.run(_run_talk(args)))
 
 
+def _talk_input_error(args: argparse.Namespace) -> str | None:
+    """What is wrong with ``myna talk``'s options (None: nothing), before anything is joined."""
+    if not (math.isfinite(args.wait) and args.wait >= 0):
+        return f"--wait must be a number of seconds, 0 or more (not {args.wait:g})"
+    if not (math.isfinite(args.token_rate) and args.token_rate >= 0):
+        return f"--token-rate must be a number of tokens per second, 0 or more (not {args.token_rate:g})"
+    if args.identity is not None and args.identity == (args.myna or "myna"):
+        return (f"--identity {args.identity!r} is Myna's identity in the room: joining as it would push Myna out "
+                "(pick another, or leave it out)")
+    return None
+
+
+def _short_tokens(message: str) -> str:
+    """``message`` with any JWT in it cut to its first characters (an error must not print the token)."""
+    return re.sub(r"eyJ[\w-]+\.[\w-]+\.[\w-]*", lambda m: m.group(0)[:12] + "...", message)
+
+
+def _error_lines(n: int, events: list[dict]) -> list[str]:
+    """One line per distinct error event of turn ``n``, repeats counted (not one line each)."""
+    counts: dict[tuple[str, str], int] = {}
+    for event in events:
+        if event["type"] == "error":
+            key = (event.get("code", ""), event.get("message", ""))
+            counts[key] = counts.get(key, 0) + 1
+    return [f"myna talk: turn {n}: error {code}: {message}" + (f" ({count} times)" if count > 1 else "")
+            for (code, message), count in counts.items()]
+
+
 async def _run_talk(args: argparse.Namespace) -> int:
+    """Exit status: 0, 1 (refused, no Myna, Myna left, a turn failed, the file unwritten), 2 (bad
+    input), 128 + the signal when interrupted (SIGINT 130, SIGTERM 143: the room left, what was
+    recorded written)."""
     from livekit import api, rtc
 
     from myna.audio.onset import first_audible_sample
     from myna.audio.playout import SAMPLE_RATE
-    from myna.room.client import RoomClient
+    from myna.room.client import MynaLeft, RoomClient
     from myna.room.tokens import participant_token
     from myna.text.symbols import normalise
 
@@ -319,45 +361,75 @@ async def _run_talk(args: argparse.Namespace) -> int:
     if not existed:
         args.output.unlink(missing_ok=True)
     identity = args.identity or f"talk-{uuid.uuid4().hex[:6]}"
-    if args.token and not args.dispatch:
-        token = args.token
-    else:
-        key, secret = _credentials()
-        token = args.token or participant_token(key, secret, args.room, identity)
-    if args.dispatch:
+
+    # Ctrl-C / SIGTERM: cancel this task, leave the room, write what was recorded, exit 128 + signal.
+    loop, main = asyncio.get_running_loop(), asyncio.current_task()
+    caught: list[signal.Signals] = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        if caught:
+            os._exit(128 + sig)
+        caught.append(sig)
+        main.cancel()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal, sig)
+
+    def interrupted() -> int:
+        while main.uncancel():
+            pass
+        print("myna talk: interrupted", file=sys.stderr, flush=True)
+        return 128 + caught[0]
+
+    client, pieces, failed = None, [], False
+    try:
+        if args.token and not args.dispatch:
+            token = args.token
+        else:
+            key, secret = _credentials("talk")
+            token = args.token or participant_token(key, secret, args.room, identity)
+        if args.dispatch:
+            try:
+                async with api.LiveKitAPI(args.url, key, secret) as lk:
+                    dispatch = await asyncio.wait_for(lk.agent_dispatch.create_dispatch(
+                        api.CreateAgentDispatchRequest(agent_name=args.dispatch, room=args.room)), max(1.0, args.wait))
+            except (asyncio.CancelledError, KeyboardInterrupt):
+                raise
+            except Exception as exc:  # TwirpError, aiohttp's errors, a bad URL: one line, not a traceback
+                print(f"myna talk: could not dispatch agent {args.dispatch!r} to room {args.room!r} at {args.url}: "
+                      f"{str(exc) or type(exc).__name__}", file=sys.stderr)
+                return 1
+            print(f"myna talk: dispatched agent {args.dispatch!r} to room {args.room!r} ({dispatch.id}); "
+                  "a `myna worker` registered under that name joins it", flush=True)
+        client = RoomClient(args.url, token, myna_identity=args.myna)
         try:
-            async with api.LiveKitAPI(args.url, key, secret) as lk:
-                dispatch = await lk.agent_dispatch.create_dispatch(
-                    api.CreateAgentDispatchRequest(agent_name=args.dispatch, room=args.room))
-        except Exception as exc:  # TwirpError, aiohttp's errors, a bad URL: one line, not a traceback
-            print(f"myna talk: could not dispatch agent {args.dispatch!r} to room {args.room!r} at {args.url}: "
-                  f"{str(exc) or type(exc).__name__}", file=sys.stderr)
+            await client.connect(timeout=args.wait)
+        except rtc.ConnectError as exc:
+            print(f"myna talk: could not join room {args.room!r} at {args.url}: {_short_tokens(str(exc))}",
+                  file=sys.stderr)
             return 1
-        print(f"myna talk: dispatched agent {args.dispatch!r} to room {args.room!r} ({dispatch.id}); "
-              "a `myna worker` registered under that name joins it", flush=True)
-    client = RoomClient(args.url, token, myna_identity=args.myna)
-    try:
-        await client.connect(timeout=args.wait)
-    except rtc.ConnectError as exc:
-        print(f"myna talk: could not join room {args.room!r} at {args.url}: {exc}", file=sys.stderr)
-        return 1
-    except TimeoutError:
-        await client.close()
-        print(f"myna talk: no Myna ready in room {args.room!r} after {args.wait:g} s: start one there "
-              f"(`myna room --url {args.url} --room {args.room}`), or dispatch a running `myna worker` "
-              "(--dispatch AGENT_NAME)", file=sys.stderr)
-        return 1
-    pieces, failed = [], False
-    try:
+        except TimeoutError as exc:
+            if "join" in str(exc):
+                print(f"myna talk: could not join room {args.room!r} at {args.url}: no answer in {args.wait:g} s "
+                      "(--wait)", file=sys.stderr)
+            else:
+                print(f"myna talk: no Myna ready in room {args.room!r} after {args.wait:g} s: start one there "
+                      f"(`myna room --url {args.url} --room {args.room}`), or dispatch a running `myna worker` "
+                      "(--dispatch AGENT_NAME)", file=sys.stderr)
+            return 1
         myna = client.myna()
         print(f"myna talk: in room {args.room!r} as {identity!r}; Myna is {myna.identity!r} "
               f"(engine {client.ready.get('engine')})", flush=True)
         for n, text in enumerate(args.text, 1):
-            result = await client.speak(text, tokens_per_s=args.token_rate or None)
-            for event in result.events:
-                if event["type"] == "error":
-                    failed = True
-                    print(f"myna talk: turn {n}: error {event['code']}: {event['message']}", file=sys.stderr)
+            try:
+                result = await client.speak(text, tokens_per_s=args.token_rate or None)
+            except MynaLeft:
+                failed = True
+                print(f"myna talk: turn {n}: Myna left the room", file=sys.stderr, flush=True)
+                break
+            for line in _error_lines(n, result.events):
+                failed = True
+                print(line, file=sys.stderr)
             onset = first_audible_sample(result.pcm, SAMPLE_RATE)
             if onset is None:
                 failed = True
@@ -368,17 +440,35 @@ async def _run_talk(args: argparse.Namespace) -> int:
             print(f"turn {n}: {len(pcm) / SAMPLE_RATE:.2f} s of audio; server TTFA {_ms(result.server_ttfa_ms)}, "
                   f"perceived TTFA {_ms(result.perceived_ttfa_ms)} (first text chunk sent to first audible sample "
                   "received)", flush=True)
+        status = 1 if failed or not pieces else 0
+    except asyncio.CancelledError:
+        if not caught:
+            raise
+        status = interrupted()
     finally:
-        await client.close()
+        if client is not None and hasattr(client, "room"):
+            try:
+                await client.close()
+            except asyncio.CancelledError:
+                if not caught:
+                    raise
+                while main.uncancel():
+                    pass
+            except Exception:  # leaving a room that failed to join, or a timed-out disconnect
+                pass
     if pieces:
         pcm = np.concatenate(pieces)
-        with open(args.output, "wb") as f, wave.open(f, "wb") as w:
-            w.setnchannels(1)
-            w.setsampwidth(2)
-            w.setframerate(SAMPLE_RATE)
-            w.writeframes(pcm.astype("<i2").tobytes())
+        try:
+            with open(args.output, "wb") as f, wave.open(f, "wb") as w:
+                w.setnchannels(1)
+                w.setsampwidth(2)
+                w.setframerate(SAMPLE_RATE)
+                w.writeframes(pcm.astype("<i2").tobytes())
+        except OSError as exc:
+            print(f"myna talk: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
+            return status if caught else 1
         print(f"wrote {args.output} ({len(pcm) / SAMPLE_RATE:.2f} s at {SAMPLE_RATE} Hz)", flush=True)
-    return 1 if failed or not pieces else 0
+    return status
 
 
 def _ms(value: float | None) -> str:

@@ -23,6 +23,17 @@ from myna.room.agent import READY_ATTRIBUTE, RPC_INTERRUPT, TOPIC_EVENTS, TOPIC_
 from myna.rtc.client import TurnResult, measure_turn, token_chunks
 
 
+class MynaLeft(ConnectionError):
+    """Myna is not in the room (it left, was removed, or stopped being ready): no turn can go to it."""
+
+    def __init__(self) -> None:
+        super().__init__("Myna left the room")
+
+
+#: The event :class:`RoomClient` queues when Myna leaves (:meth:`RoomClient.next_event` raises :class:`MynaLeft`).
+_LEFT = {"type": "myna_left"}
+
+
 @dataclass
 class Segment:
     """One ``lk.transcription`` segment as received: its text and whether it closed final."""
@@ -55,6 +66,7 @@ class RoomClient:
     frames: list[tuple[float, np.ndarray]] = field(init=False, default_factory=list)
     segments: dict[str, Segment] = field(init=False, default_factory=dict)
     ready: dict | None = field(init=False, default=None)
+    left: bool = field(init=False, default=False)  # Myna was here and is away now
 
     async def __aenter__(self) -> "RoomClient":
         await self.connect()
@@ -76,13 +88,22 @@ class RoomClient:
         self._subscribed = asyncio.Event()
         self.room.on("data_received", self._on_data)
         self.room.on("track_subscribed", self._on_track)
+        self.room.on("participant_disconnected", self._on_participant_disconnected)
+        self.room.on("participant_connected", self._on_participant_connected)
+        self._arrivals: dict[int, float] = {}  # id(event) -> when it came (monotonic s)
+        self._myna_seen: str | None = None
         self.room.register_text_stream_handler(TOPIC_TRANSCRIPTION, self._on_transcription)
-        await self.room.connect(self.url, self.token, rtc.RoomOptions(auto_subscribe=True, connect_timeout=10.0))
         deadline = time.monotonic() + timeout
-        while self.myna() is None:
+        try:  # --wait bounds the join too: the SDK retries a silent server for 10 s a try otherwise
+            await asyncio.wait_for(self.room.connect(self.url, self.token, rtc.RoomOptions(
+                auto_subscribe=True, connect_timeout=min(10.0, max(2.0, timeout)))), max(2.0, timeout))
+        except TimeoutError:
+            raise TimeoutError("the server did not answer the join") from None
+        while (myna := self.myna()) is None:
             if time.monotonic() > deadline:
                 raise TimeoutError("Myna did not join the room")
             await asyncio.sleep(0.05)
+        self._myna_seen = myna.identity
         await asyncio.wait_for(self._subscribed.wait(), max(0.1, deadline - time.monotonic()))
         await self.next_event("ready", timeout=max(0.1, deadline - time.monotonic()))
 
@@ -98,6 +119,26 @@ class RoomClient:
                 return p
         return None
 
+    def _myna_identity(self) -> str:
+        """Myna's identity, to send to it.
+
+        Raises:
+            MynaLeft: Myna is not (or no longer) in the room and ready.
+        """
+        myna = None if self.left else self.myna()
+        if myna is None:
+            raise MynaLeft()
+        return myna.identity
+
+    def _on_participant_disconnected(self, participant: rtc.RemoteParticipant) -> None:
+        if self._myna_seen is not None and participant.identity == self._myna_seen and not self.left:
+            self.left = True
+            self._events.put_nowait(_LEFT)
+
+    def _on_participant_connected(self, participant: rtc.RemoteParticipant) -> None:
+        if participant.identity == self._myna_seen:  # back (e.g. after a full reconnect)
+            self.left = False
+
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
@@ -107,6 +148,7 @@ class RoomClient:
         if packet.topic == TOPIC_EVENTS:
             event = json.loads(packet.data)
             self.history.append(event)
+            self._arrivals[id(event)] = time.monotonic()
             if event["type"] == "ready":
                 self.ready = event
             self._events.put_nowait(event)
@@ -147,7 +189,7 @@ class RoomClient:
         """One reliable data packet to Myna (dicts are JSON-encoded)."""
         payload = json.dumps(message) if isinstance(message, dict) else message
         await self.room.local_participant.publish_data(payload, reliable=True, topic=topic,
-                                                       destination_identities=[self.myna().identity])
+                                                       destination_identities=[self._myna_identity()])
 
     async def interrupt(self) -> dict:
         """Call ``myna.interrupt``; returns its answer (``{"interrupted": [turn_id, ...]}``).
@@ -156,14 +198,23 @@ class RoomClient:
             rtc.RpcError: refused (e.g. this participant may not speak through Myna).
         """
         answer = await self.room.local_participant.perform_rpc(
-            destination_identity=self.myna().identity, method=RPC_INTERRUPT, payload="")
+            destination_identity=self._myna_identity(), method=RPC_INTERRUPT, payload="")
         return json.loads(answer)
 
     async def next_event(self, kind: str | None = None, timeout: float = 30.0) -> dict:
-        """The next event (of type ``kind``) from Myna."""
+        """The next event (of type ``kind``) from Myna.
+
+        Raises:
+            MynaLeft: Myna left the room (at once, not after ``timeout``).
+        """
         async def wait() -> dict:
             while True:
                 event = await self._events.get()
+                if event is _LEFT:
+                    if not self.left:  # it came back since
+                        continue
+                    self._events.put_nowait(_LEFT)  # every later wait raises too, while it is away
+                    raise MynaLeft()
                 if kind is None or event["type"] == kind:
                     return event
 
@@ -180,7 +231,7 @@ class RoomClient:
         chunks = token_chunks(text)
         t0 = time.monotonic()
         writer = await self.room.local_participant.stream_text(
-            topic=TOPIC_TEXT, stream_id=turn_id, destination_identities=[self.myna().identity], attributes=attributes)
+            topic=TOPIC_TEXT, stream_id=turn_id, destination_identities=[self._myna_identity()], attributes=attributes)
 
         async def send_chunks() -> None:
             try:
@@ -196,13 +247,35 @@ class RoomClient:
 
     async def speak(self, text: str, tokens_per_s: float | None = 30.0, turn_id: str | None = None,
                     timeout: float = 60.0, attributes: dict[str, str] | None = None) -> TurnResult:
-        """Stream one turn, wait for its ``turn_done``; the result as :class:`~myna.rtc.client.TurnResult`."""
+        """Stream one turn, wait for its ``turn_done``; the result as :class:`~myna.rtc.client.TurnResult`.
+
+        The recording is this turn's: it starts when the turn's ``turn_started`` came (held
+        until the turns before it are done; audio lags the events), not at the first frame after ``t0``
+        (another participant's turn may be playing then), and ends at its ``turn_done`` (a
+        sender still writing chunks then is cancelled).
+
+        Raises:
+            MynaLeft: Myna left the room before the turn was done.
+        """
         start = len(self.frames)
         turn_id, t0, sender = await self.start_turn(text, tokens_per_s, turn_id, attributes)
-        events = await self.turn_events(turn_id, timeout)
-        await sender
+        stopped = False
+        try:
+            events = await self.turn_events(turn_id, timeout)
+        finally:
+            if not sender.done():
+                stopped = True
+                sender.cancel()
+            await asyncio.gather(sender, return_exceptions=True)
+        if not stopped and not sender.cancelled() and sender.exception() is not None:
+            raise sender.exception()
         await asyncio.sleep(0.15)  # the last frames are in flight when turn_done is sent
-        return measure_turn(turn_id, events, self.frames[start:], t0)
+        done = self._arrivals.get(id(events[-1]), time.monotonic()) + 0.15
+        mark = next((e for e in events if e["type"] == "turn_started"), None) or next(
+            (e for e in events if e["type"] == "first_audio"), None)
+        begin = self._arrivals.get(id(mark), t0) if mark is not None else t0
+        frames = [(at, pcm) for at, pcm in self.frames[start:] if begin <= at <= done]
+        return measure_turn(turn_id, events, frames, t0)
 
     async def turn_events(self, turn_id: str, timeout: float = 60.0) -> list[dict]:
         """Events of ``turn_id`` (and events without a turn) up to its ``turn_done``."""
