@@ -12,8 +12,6 @@ or PCM as it is made); typed events (:mod:`myna.events`) go back to the door. ``
 CLI; :mod:`myna.bench` is tooling (benchmarks, test servers, fault injection).
 """
 
-from pathlib import Path
-
 
 def __getattr__(name: str):
     """``myna.__version__``: pyproject.toml's ``version``, its one source: read from the file when
@@ -21,6 +19,8 @@ def __getattr__(name: str):
     the installed distribution's metadata; read on first use (importlib.metadata costs tens of ms,
     which a plain ``import myna`` does not pay)."""
     if name == "__version__":
+        from pathlib import Path
+
         pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
         if pyproject.is_file():
             import tomllib

@@ -11,7 +11,6 @@ import re
 import signal
 import sys
 import time
-import wave
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +18,7 @@ import numpy as np
 import myna
 from myna.access import short_secret_notice
 from myna.audio.turns import to_s16
+from myna.audio.wavfile import unwritable, write_wav
 from myna.extras import MissingExtra, extra_for
 
 log = logging.getLogger("myna")
@@ -225,16 +225,9 @@ def _check_writable(path: Path) -> None:
     Raises:
         _SayError: the path is a folder, its folder is missing, or opening it for writing fails.
     """
-    if path.is_dir():
-        raise _SayError(f"cannot write {path}: it is a folder")
-    existed = path.exists()
-    try:
-        with open(path, "ab"):  # appending leaves an existing file as it is
-            pass
-    except OSError as exc:
-        raise _SayError(f"cannot write {path}: {exc.strerror or exc}") from None
-    if not existed:
-        path.unlink(missing_ok=True)
+    problem = unwritable(path)
+    if problem is not None:
+        raise _SayError(f"cannot write {path}: {problem}")
 
 
 async def _say_remote(args: argparse.Namespace, url: str) -> int:
@@ -311,11 +304,7 @@ async def _say_local(args: argparse.Namespace) -> int:
 
 def _write_wav(path: Path, pcm: np.ndarray, sample_rate: int) -> None:
     try:
-        with open(path, "wb") as f, wave.open(f, "wb") as w:
-            w.setnchannels(1)
-            w.setsampwidth(2)
-            w.setframerate(sample_rate)
-            w.writeframes(pcm.astype("<i2").tobytes())
+        write_wav(path, pcm, sample_rate)
     except OSError as exc:
         raise _SayError(f"cannot write {path}: {exc.strerror or exc}") from None
 

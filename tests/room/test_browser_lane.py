@@ -17,7 +17,8 @@ import urllib.request
 
 import pytest
 
-from myna.bench.livekit_server import DEV_KEY, DEV_SECRET, free_port
+from myna.bench.livekit_server import DEV_KEY, DEV_SECRET
+from myna.bench.processes import free_port
 from myna.server.room_lane import client_bundle
 from tests.e2e.test_browser import CHROMIUM, CHROMIUM_ARGS, Console, _connected, _fresh, _lane, _number, _race_done
 from tests.room.support import ARTIFACTS

@@ -14,7 +14,8 @@ import urllib.request
 import pytest
 from livekit import api
 
-from myna.bench.livekit_server import DEV_KEY, DEV_SECRET, free_port
+from myna.bench.livekit_server import DEV_KEY, DEV_SECRET
+from myna.bench.processes import free_port
 from myna.room.client import RoomClient
 from tests.e2e.test_serve import SENTENCES
 from myna.limits import Limits

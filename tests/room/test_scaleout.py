@@ -16,7 +16,7 @@ import pytest
 import pytest_asyncio
 
 from myna.room.client import RoomClient
-from myna.bench.livekit_server import free_port
+from myna.bench.processes import free_port
 from tests.e2e.test_serve import SENTENCES
 from tests.room.support import Myna, room_name, token
 

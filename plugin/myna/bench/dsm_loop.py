@@ -108,6 +108,10 @@ def _loop_class(profile: cProfile.Profile | None):
     return ProfiledLoop
 
 
+#: What :func:`host_profile` adds to a run's figures.
+PROFILE_KEYS = ("host_ms_per_step", "noise_ms_per_step", "copy_ms_per_step", "phases_ms")
+
+
 def host_profile(profile: cProfile.Profile) -> dict[str, Any]:
     """Per batched step, from the loop thread's profile (thread CPU time): ms of the loop's turns
     (``FrameLoop.tick``, which holds ``_step``), ``phases_ms`` split by :data:`PHASES` (cumulative
@@ -370,8 +374,7 @@ def measure(tts, ref, voice, counts: list[int], text: str = TEXT, rounds: int = 
             mine.append(ours_run(tts, voice, text, S))
             if profile:  # a run of its own: the profiler slows the loop, not the figures above
                 profiled = ours_run(tts, voice, text, S, profile=True)
-                mine[-1].update({k: v for k, v in profiled.items() if k.endswith("_per_step") and "cpu" not in k
-                                 or k == "phases_ms"})
+                mine[-1].update({k: profiled[k] for k in PROFILE_KEYS})
             if ref is not None:
                 theirs.append(ref_run(ref, voice, text, S, cfg_value))
             if join:

@@ -30,6 +30,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from myna.bench.processes import free_port, terminate
+
 #: The release ``scripts/setup.sh dev`` installs (the newest that ``go install`` accepts:
 #: later tags carry ``replace`` directives in go.mod).
 LIVEKIT_VERSION = "v1.13.5"
@@ -105,24 +107,6 @@ def _create_veth() -> None:
                 raise RuntimeError(f"{' '.join(step)}: {done.stderr.strip()}")
 
 
-def free_port(kind: int = socket.SOCK_STREAM) -> int:
-    """A free 127.0.0.1 port (TCP, or UDP with ``socket.SOCK_DGRAM``)."""
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _stop(proc: subprocess.Popen, timeout: float = 10.0) -> int:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    return proc.returncode
-
-
 @dataclass
 class RedisServer:
     """``redis-server`` on 127.0.0.1 without persistence (Debian's package)."""
@@ -162,7 +146,7 @@ class RedisServer:
 
     def stop(self) -> None:
         if self.proc is not None:
-            _stop(self.proc)
+            terminate(self.proc, 10)
 
 
 @dataclass
@@ -268,4 +252,4 @@ class LiveKitServer:
 
     def stop(self) -> None:
         if self.proc is not None:
-            _stop(self.proc)
+            terminate(self.proc, 10)

@@ -217,7 +217,8 @@ class MynaHost:
 
     @classmethod
     def start(cls, node, engine: str) -> "MynaHost":
-        from myna.bench.livekit_server import DEV_KEY, DEV_SECRET, free_port
+        from myna.bench.livekit_server import DEV_KEY, DEV_SECRET
+        from myna.bench.processes import free_port
 
         port = free_port()
         log = tempfile.NamedTemporaryFile(prefix="myna-bench-host-", suffix=".log", delete=False)

@@ -40,7 +40,6 @@ import signal
 import sys
 import time
 import uuid
-import wave
 from pathlib import Path
 from typing import NoReturn
 
@@ -341,7 +340,8 @@ async def _run_talk(args: argparse.Namespace) -> int:
 
     from myna.audio.onset import first_audible_sample
     from myna.audio.playout import SAMPLE_RATE
-    from myna.room.client import MynaLeft, RoomClient
+    from myna.audio.wavfile import unwritable, write_wav
+    from myna.room.client import JoinTimeout, MynaLeft, RoomClient
     from myna.room.tokens import participant_token
     from myna.text.symbols import normalise
 
@@ -349,17 +349,10 @@ async def _run_talk(args: argparse.Namespace) -> int:
     if empty is not None:
         print(f"myna talk: nothing to speak in {empty!r}: the text has no letters or digits", file=sys.stderr)
         return 2
-    existed = args.output.exists()
-    try:
-        if args.output.is_dir():
-            raise IsADirectoryError("it is a folder")
-        with open(args.output, "ab"):  # fail before joining, not after the turns (appending changes nothing)
-            pass
-    except OSError as exc:
-        print(f"myna talk: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
+    problem = unwritable(args.output)  # before joining, not after the turns
+    if problem is not None:
+        print(f"myna talk: cannot write {args.output}: {problem}", file=sys.stderr)
         return 2
-    if not existed:
-        args.output.unlink(missing_ok=True)
     identity = args.identity or f"talk-{uuid.uuid4().hex[:6]}"
 
     # Ctrl-C / SIGTERM: cancel this task, leave the room, write what was recorded, exit 128 + signal.
@@ -408,14 +401,14 @@ async def _run_talk(args: argparse.Namespace) -> int:
             print(f"myna talk: could not join room {args.room!r} at {args.url}: {_short_tokens(str(exc))}",
                   file=sys.stderr)
             return 1
-        except TimeoutError as exc:
-            if "join" in str(exc):
-                print(f"myna talk: could not join room {args.room!r} at {args.url}: no answer in {args.wait:g} s "
-                      "(--wait)", file=sys.stderr)
-            else:
-                print(f"myna talk: no Myna ready in room {args.room!r} after {args.wait:g} s: start one there "
-                      f"(`myna room --url {args.url} --room {args.room}`), or dispatch a running `myna worker` "
-                      "(--dispatch AGENT_NAME)", file=sys.stderr)
+        except JoinTimeout:
+            print(f"myna talk: could not join room {args.room!r} at {args.url}: no answer in {args.wait:g} s "
+                  "(--wait)", file=sys.stderr)
+            return 1
+        except TimeoutError:
+            print(f"myna talk: no Myna ready in room {args.room!r} after {args.wait:g} s: start one there "
+                  f"(`myna room --url {args.url} --room {args.room}`), or dispatch a running `myna worker` "
+                  "(--dispatch AGENT_NAME)", file=sys.stderr)
             return 1
         myna = client.myna()
         print(f"myna talk: in room {args.room!r} as {identity!r}; Myna is {myna.identity!r} "
@@ -459,11 +452,7 @@ async def _run_talk(args: argparse.Namespace) -> int:
     if pieces:
         pcm = np.concatenate(pieces)
         try:
-            with open(args.output, "wb") as f, wave.open(f, "wb") as w:
-                w.setnchannels(1)
-                w.setsampwidth(2)
-                w.setframerate(SAMPLE_RATE)
-                w.writeframes(pcm.astype("<i2").tobytes())
+            write_wav(args.output, pcm, SAMPLE_RATE)
         except OSError as exc:
             print(f"myna talk: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
             return status if caught else 1

@@ -23,6 +23,14 @@ from myna.room.agent import READY_ATTRIBUTE, RPC_INTERRUPT, TOPIC_EVENTS, TOPIC_
 from myna.rtc.client import TurnResult, measure_turn, token_chunks
 
 
+class JoinTimeout(TimeoutError):
+    """The server did not answer the join in time (a :class:`TimeoutError`, apart from Myna not
+    showing up in a room that was joined)."""
+
+    def __init__(self) -> None:
+        super().__init__("the server did not answer the join")
+
+
 class MynaLeft(ConnectionError):
     """Myna is not in the room (it left, was removed, or stopped being ready): no turn can go to it."""
 
@@ -79,6 +87,7 @@ class RoomClient:
         """Join, then wait until Myna is present, its track subscribed, and its ``ready`` event here.
 
         Raises:
+            JoinTimeout: the server did not answer the join within ``timeout`` seconds (2 at least).
             TimeoutError: Myna did not show up within ``timeout`` seconds.
             rtc.ConnectError: the server refused the join.
         """
@@ -98,7 +107,7 @@ class RoomClient:
             await asyncio.wait_for(self.room.connect(self.url, self.token, rtc.RoomOptions(
                 auto_subscribe=True, connect_timeout=min(10.0, max(2.0, timeout)))), max(2.0, timeout))
         except TimeoutError:
-            raise TimeoutError("the server did not answer the join") from None
+            raise JoinTimeout() from None
         while (myna := self.myna()) is None:
             if time.monotonic() > deadline:
                 raise TimeoutError("Myna did not join the room")
