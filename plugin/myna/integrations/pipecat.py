@@ -288,8 +288,12 @@ class MynaTTSService(TTSService):
             for script, word in first_by_script.items():
                 await self._notice(Notice("unsupported_language",
                                           f"the voice does not read {script} script; left out: {word!r}"))
-        if context_id is not None:
+        if context_id in self._turns:
             await self.flush_audio(context_id)
+        elif context_id is not None:
+            # No turn was opened (the service is no longer usable, or opening one failed): nothing
+            # else ends the context, and Pipecat would hold the pipeline's end 20-30 s for it.
+            await self._close_context(context_id)
         await super().on_turn_context_completed()
 
     async def flush_audio(self, context_id: str | None = None):
@@ -349,6 +353,10 @@ class MynaTTSService(TTSService):
         finally:
             self._turns.pop(context_id, None)
             self._receivers.pop(context_id, None)
+        await self._close_context(context_id)
+
+    async def _close_context(self, context_id: str) -> None:
+        """End an audio context that is still open: its stop frame, then its removal."""
         if self.audio_context_available(context_id):
             await self.append_to_audio_context(context_id, TTSStoppedFrame(context_id=context_id))
             await self.remove_audio_context(context_id)
