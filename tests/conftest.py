@@ -25,11 +25,26 @@ def without_modules(*modules: str) -> dict[str, str]:
     return {"PYTHONPATH": path, "MYNA_TEST_UNINSTALLED": ",".join(modules)}
 
 
+def quick_start_args(args) -> list[str]:
+    """What a test's ``myna serve`` adds to ``args`` to start in a few seconds on a busy machine:
+    no phrase cache warm-up (51 phrases, ~20 CPU-seconds, which no test hears: the warm-up is
+    tested in process, tests/engines/test_phrase_cache.py) and a session cap, not one measured at
+    start-up (on a machine the other tests load, the measure says 2)."""
+    added = []
+    if "--phrase-cache-warm" not in args:
+        added += ["--phrase-cache-warm", "none"]
+    if "--max-sessions" not in args:
+        added += ["--max-sessions", "16"]
+    return added
+
+
 class RunningWorker(Server):
     """A ``myna serve`` subprocess on 127.0.0.1, its log in ``test-artifacts/`` (stopped by
-    :meth:`stop`); ``env`` adds to its environment."""
+    :meth:`stop`); ``env`` adds to its environment; :func:`quick_start_args` unless ``args`` say
+    otherwise."""
 
     def __init__(self, *args: str, timeout: float = 60.0, env: dict[str, str] | None = None):
+        args = (*args, *quick_start_args(args))
         if not loopback_only():
             pytest.fail("network tests must run in a loopback-only namespace: use `bash scripts/test.sh`")
         ARTIFACTS.mkdir(exist_ok=True)
@@ -117,6 +132,11 @@ def slow_voice(tmp_path_factory) -> str:
 #: Marker of every test in a folder: real livekit-server rooms, whole ``myna serve`` processes
 #: heard end to end. (``browser``, Chromium through Playwright, is marked in the tests.)
 FOLDER_TIERS = {"room": "livekit", "e2e": "e2e"}
+#: Seconds each file took (setup + call + teardown of its tests, files of 5 s or more) in a full
+#: run: xdist hands out the longest files first, so that no long file starts last and leaves the
+#: other processes idle at the end. Every run writes the same table for itself to
+#: ``test-artifacts/file_seconds.json``: copy it here when the suite's long files change.
+FILE_SECONDS = json.loads((REPO / "tests" / "file_seconds.json").read_text(encoding="utf-8"))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -124,13 +144,20 @@ def pytest_collection_modifyitems(config, items):
         tier = FOLDER_TIERS.get(Path(str(item.fspath)).parent.name)
         if tier is not None:
             item.add_marker(tier)
+    # (stable: a file's tests keep their order)
+    items.sort(key=lambda item: -FILE_SECONDS.get(Path(str(item.fspath)).relative_to(REPO).as_posix(), 0.0))
 
 
 # -- timing: each run's wall time and its slowest tests ------------------------------------------
 #: How many of the slowest tests ``durations.txt`` lists (the terminal shows the first ten).
 SLOWEST_LISTED = 30
 _durations: dict[str, float] = defaultdict(float)  # test id → setup + call + teardown (s)
-_started = time.monotonic()
+# The run's start (epoch s): `scripts/test.sh` passes it, so the wall time spans both phases.
+_started = float(os.environ.get("MYNA_TEST_STARTED") or time.time())
+#: This run's phase (`scripts/test.sh` runs the ``serial`` tests after the others, each phase in
+#: its own pytest): each leaves its figures in ``durations-PHASE.json``, and the summary covers
+#: every phase of the run that has finished.
+PHASE = os.environ.get("MYNA_TEST_PHASE", "all")
 
 
 def pytest_runtest_logreport(report):
@@ -140,14 +167,29 @@ def pytest_runtest_logreport(report):
 def pytest_terminal_summary(terminalreporter, config):
     if hasattr(config, "workerinput") or not _durations:
         return  # (an xdist worker: the controller writes the summary)
-    wall = time.monotonic() - _started
-    slowest = sorted(_durations.items(), key=lambda kv: -kv[1])[:SLOWEST_LISTED]
     workers = getattr(config.option, "numprocesses", None) or 0
-    lines = [f"wall time: {wall:.1f} s for {len(_durations)} tests ({len(_durations) / wall:.2f} tests/s, "
-             f"{workers or 'no'} xdist workers)", f"slowest {len(slowest)} (setup + call + teardown, s):"]
-    lines += [f"{seconds:8.1f}  {nodeid}" for nodeid, seconds in slowest]
     ARTIFACTS.mkdir(exist_ok=True)
+    mine = {"started": _started, "phase": f"{PHASE}: {len(_durations)} tests on {workers or 1} "
+                                          f"process{'es' if workers else ''}", "tests": _durations}
+    (ARTIFACTS / f"durations-{PHASE}.json").write_text(json.dumps(mine), encoding="utf-8")
+    durations: dict[str, float] = {}
+    phases = []
+    for path in sorted(ARTIFACTS.glob("durations-*.json")):
+        run = json.loads(path.read_text(encoding="utf-8"))
+        if run["started"] == _started:
+            durations.update(run["tests"])
+            phases.append(run["phase"])
+    wall = time.time() - _started
+    slowest = sorted(durations.items(), key=lambda kv: -kv[1])[:SLOWEST_LISTED]
+    lines = [f"wall time: {wall:.1f} s for {len(durations)} tests ({len(durations) / wall:.2f} tests/s; "
+             f"{'; '.join(phases)})", f"slowest {len(slowest)} (setup + call + teardown, s):"]
+    lines += [f"{seconds:8.1f}  {nodeid}" for nodeid, seconds in slowest]
     (ARTIFACTS / "durations.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    per_file: dict[str, float] = defaultdict(float)
+    for nodeid, seconds in durations.items():
+        per_file[nodeid.split("::", 1)[0]] += seconds
+    table = {f: round(s, 1) for f, s in sorted(per_file.items(), key=lambda kv: -kv[1]) if s >= 5}
+    (ARTIFACTS / "file_seconds.json").write_text(json.dumps(table, indent=0) + "\n", encoding="utf-8")
     terminalreporter.section("timing (test-artifacts/durations.txt)")
     for line in lines[:12]:
         terminalreporter.write_line(line)

@@ -110,9 +110,11 @@ def test_plot_writes_a_png(tmp_path):
 
 
 @pytest.mark.network
+@pytest.mark.serial  # it makes its own load and bounds the TTFA under it
 def test_headless_race_under_load(tmp_path):
     """The CI run, beside a busy CPU process: the strategies at 1 and 4 sessions; the clause lane
-    wins the races; a session joining two long replies is not held behind their synthesis."""
+    wins the races; a session joining two long replies is not held behind their synthesis. About
+    2 min: six rows, five races and the join, each played out at 1×."""
     if not loopback_only():
         pytest.fail("the headless race must run in a loopback-only namespace (unshare -n, see the module docstring)")
     ARTIFACTS.mkdir(exist_ok=True)

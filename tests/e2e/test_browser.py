@@ -60,14 +60,15 @@ def server(tmp_path_factory):
     log_path = tmp_path_factory.mktemp("server") / "serve.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            # Many lanes from one address on a busy machine: no per-client limits, a fixed session cap.
+            # Many lanes from one address on a busy machine: no per-client limits, a fixed session cap;
+            # no phrase cache warm-up (~20 CPU-seconds nothing here hears).
             [*_myna_command(), "serve", "--host", "127.0.0.1", "--port", str(port), "--offer-rate", "0",
-             "--max-sessions-per-client", "0", "--max-sessions", "32"],
+             "--max-sessions-per-client", "0", "--max-sessions", "32", "--phrase-cache-warm", "none"],
             stdout=log, stderr=subprocess.STDOUT,
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90  # engine load + warm-up take a few seconds
+        deadline = time.monotonic() + 90  # the engine's load takes a few seconds
         while True:
             if proc.poll() is not None:
                 pytest.fail(f"myna serve exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
@@ -523,11 +524,13 @@ def test_the_workers_gap_report_is_shown_when_it_sends_one(page, server):
 
 # -- a server that goes away, a phone, and the README ---------------------------------------
 def test_a_server_restart_mid_race_leaves_no_lane_speaking(browser):
+    """Up to 2 min: two worker start-ups, and the page's own back-off before it connects again."""
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
 
     def start():
-        proc = subprocess.Popen([*_myna_command(), "--log-level", "warning", "serve", "--port", str(port), "--engine", "piper"],
+        proc = subprocess.Popen([*_myna_command(), "--log-level", "warning", "serve", "--port", str(port), "--engine", "piper",
+                                 "--max-sessions", "4", "--phrase-cache-warm", "none"],  # (started twice: quickly)
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:

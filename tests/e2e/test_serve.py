@@ -60,6 +60,7 @@ def http(url: str, body: bytes | None = None, method: str = "GET") -> tuple[int,
         return status, raw
 
 
+@pytest.mark.serial  # no underrun and a pre-roll within the start rule's 100 ms
 async def test_five_sentences_streamed_are_heard_and_transcribed(worker, whisper):
     async with MynaClient(worker.url) as client:
         assert client.ready["sample_rate"] == 48000 and "piper" in client.ready["engines"]

@@ -543,6 +543,7 @@ async def test_late_counts_from_the_first_unit_the_primarys_lane_can_start_on():
     assert [s.reason for s in switches(items)] == ["late"]
 
 
+@pytest.mark.serial  # a starved CPU makes the sentence late: a real stall, and the fallback is right
 async def test_a_slow_llm_does_not_trip_the_fallback_of_a_healthy_sentence_lane_primary():
     """The report: text trickling into ``piper-sentence`` with ``--fallback``; every turn used to
     switch ("late" from the first word) and the third opened the breaker."""

@@ -70,6 +70,7 @@ async def test_unknown_voice_is_a_clear_error(engine):
 
 
 async def test_5000_characters_without_punctuation_speak_every_word(engine):
+    """About 100 s: 5,000 characters are some five minutes of speech, all synthesised here."""
     vocabulary = ["remarkable", "neighbourhood", "understanding", "conversation", "extraordinary", "information"]
     words = []
     while len(" ".join(words)) < 5000:

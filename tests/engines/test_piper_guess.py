@@ -13,7 +13,8 @@ import pytest
 from inprocess import collect
 from myna.engines import WordEvent
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+# serial: chunks 50 ms apart must come well inside the 250 ms first-phrase wait.
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.serial]
 
 GAP_S = 0.05  # between chunks: well inside the first phrase's wait (0.25 s) and the quiet time
 

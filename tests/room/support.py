@@ -52,11 +52,15 @@ async def myna_in_room(node: LiveKitServer, room: str, engine, identity: str = "
 
 class Myna:
     """A ``myna room`` or ``myna worker`` subprocess with the dev credentials; output in a log.
-    Its phrase cache is not warmed unless the arguments say so (no test here needs it)."""
+    Unless the arguments say otherwise, its phrase cache is not warmed and a worker's capacity is
+    4 rooms, not measured at start-up (no test here needs either; both cost CPU the other tests
+    share)."""
 
     def __init__(self, *args: str, env: dict | None = None):
         if "--phrase-cache-warm" not in args:
             args = (*args, "--phrase-cache-warm", "none")
+        if args[0] == "worker" and "--capacity" not in args:
+            args = (*args, "--capacity", "4")
         ARTIFACTS.mkdir(exist_ok=True)
         self.log_path = ARTIFACTS / f"myna-{args[0]}-{os.getpid()}-{time.monotonic_ns()}.log"
         self._log = open(self.log_path, "wb")

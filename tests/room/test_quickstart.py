@@ -122,6 +122,7 @@ def dev_server(tmp_path):
     server.stop()
 
 
+@pytest.mark.serial  # Whisper hears every word: a starved worker underruns
 def test_the_quickstart_commands_speak_through_a_room_and_a_dispatched_worker(dev_server, tmp_path, whisper):
     page = PAGE.read_text()
     for line in (SERVER, KEYS, ROOM, TALK, WORKER, DISPATCH):

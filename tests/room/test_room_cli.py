@@ -78,6 +78,7 @@ async def test_myna_worker_serves_an_explicit_dispatch_and_leaves_when_the_room_
 
 
 async def test_myna_worker_reconnects_after_the_server_dies_mid_turn(tmp_path):
+    """About 60 s: the LiveKit SDK's own time-outs, to give up on the dead server and to register again."""
     node = LiveKitServer(node_ip=media_address(), log_dir=tmp_path).start()
     worker = Myna("worker", "--url", node.url, "--agent-name", "myna-re")
     try:

@@ -287,6 +287,7 @@ def piper_worker():
     return lambda: Worker(engines={"piper": PiperEngine(workers=2)}, limits=Limits.off())
 
 
+@pytest.mark.serial  # synthesis speed: on a shared CPU the file arrives late
 async def test_a_whole_file_arrives_well_ahead_of_its_audio(piper_worker):
     """Nobody listens through the speech endpoint: the request is synthesised ahead of real
     time (background work beyond the horizon), so ~20 s of mp3 arrives in far less than 20 s
