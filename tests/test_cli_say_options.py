@@ -65,6 +65,7 @@ def test_say_locally_in_a_voice_the_engine_lacks_fails_naming_it(capsys, tmp_pat
 
 
 @pytest.mark.network
+@pytest.mark.serial  # the recording is played out at 1×: a starved worker's underruns lengthen it
 def test_say_through_a_worker_at_a_speed(worker, tmp_path):
     import subprocess
 
