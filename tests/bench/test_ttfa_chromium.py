@@ -66,7 +66,8 @@ def test_render_cells_summarise_the_chromium_turns_and_show_beside_arrival():
 def test_chromium_hears_every_turn_after_the_server_sent_it():
     """A short real run: Myna's clause lane (and, where Pipecat is installed, the Pipecat peer's two
     lanes) each measured in Chromium: every turn rendered audibly, none silent, and no render
-    before the server's own first audio."""
+    before the server's own first audio. About 2 min: Chromium, a worker and the Pipecat peer
+    start, and every turn plays out at 1×."""
     if not os.path.exists(CHROMIUM) or importlib.util.find_spec("playwright") is None:
         pytest.skip(f"needs {CHROMIUM} and Python Playwright")
     if not loopback_only():

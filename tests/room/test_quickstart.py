@@ -181,7 +181,8 @@ def test_the_development_config_keeps_to_this_machine():
 def test_myna_talk_when_myna_leaves_and_the_file_fails(dev_server, tmp_path):
     """No Myna in the room (a server that did answer the join): told so, exit 1. Myna killed after
     the first of two turns: the second fails at once with one line, the first's audio is written,
-    exit 1; a WAV to /dev/full is one line and exit 1, no traceback."""
+    exit 1; a WAV to /dev/full is one line and exit 1, no traceback. About 60 s: four `myna`
+    processes start, and one waits out its --wait."""
     alone = Command(TALK + " --wait 2", tmp_path, "talk-alone")
     assert alone.exit_code(timeout=30) == 1, alone.output()
     assert "myna talk: no Myna ready in room 'demo' after 2 s" in alone.output(), alone.output()

@@ -15,6 +15,7 @@ pytestmark = pytest.mark.network
 
 
 def test_the_livekit_bench_measures_both_paths_in_one_run(livekit_node):  # (the fixture: server installed)
+    """About 80 s: turns and a barge-in through a room and direct, played at 1×, then a CPU window."""
     ARTIFACTS.mkdir(exist_ok=True)
     out = ARTIFACTS / "bench-ttfa-livekit.json"
     cmd = [sys.executable, "-m", "myna.cli", "--log-level", "warning", "bench", "ttfa", "--transport", "livekit",
@@ -37,6 +38,7 @@ def test_the_livekit_bench_measures_both_paths_in_one_run(livekit_node):  # (the
 
 
 def test_the_capacity_bench_holds_conversations_through_livekit_rooms(livekit_node, tmp_path):
+    """About 70 s: two conversations of three replies each, played at 1× through rooms."""
     out = tmp_path / "capacity.json"
     cmd = [sys.executable, "-m", "myna.cli", "--log-level", "warning", "bench", "capacity", "--transport", "livekit",
            "--levels", "2", "--replies", "3", "--json", str(out)]
