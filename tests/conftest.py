@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from inprocess import loopback_only
+from inprocess import loopback_only, quick_start_args
 from myna.bench.processes import Server, free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -25,26 +25,13 @@ def without_modules(*modules: str) -> dict[str, str]:
     return {"PYTHONPATH": path, "MYNA_TEST_UNINSTALLED": ",".join(modules)}
 
 
-def quick_start_args(args) -> list[str]:
-    """What a test's ``myna serve`` adds to ``args`` to start in a few seconds on a busy machine:
-    no phrase cache warm-up (51 phrases, ~20 CPU-seconds, which no test hears: the warm-up is
-    tested in process, tests/engines/test_phrase_cache.py) and a session cap, not one measured at
-    start-up (on a machine the other tests load, the measure says 2)."""
-    added = []
-    if "--phrase-cache-warm" not in args:
-        added += ["--phrase-cache-warm", "none"]
-    if "--max-sessions" not in args:
-        added += ["--max-sessions", "16"]
-    return added
-
-
 class RunningWorker(Server):
     """A ``myna serve`` subprocess on 127.0.0.1, its log in ``test-artifacts/`` (stopped by
     :meth:`stop`); ``env`` adds to its environment; :func:`quick_start_args` unless ``args`` say
     otherwise."""
 
     def __init__(self, *args: str, timeout: float = 60.0, env: dict[str, str] | None = None):
-        args = (*args, *quick_start_args(args))
+        args = (*args, *quick_start_args("serve", args))
         if not loopback_only():
             pytest.fail("network tests must run in a loopback-only namespace: use `bash scripts/test.sh`")
         ARTIFACTS.mkdir(exist_ok=True)

@@ -5,6 +5,7 @@ normaliser marked, one tone per spoken word) and emits a ``WordEvent`` per writt
 :func:`app_client` serves the worker's app with such engines to aiohttp's test client.
 ``ManualTimer`` is a virtual clock and ``call_later`` for streams. :class:`Balancer` is a TCP
 load balancer on loopback (round robin per accepted connection, as a rolling restart sees one).
+:func:`quick_start_args` is what every ``myna`` process a test starts adds to start quickly.
 """
 
 from __future__ import annotations
@@ -76,6 +77,24 @@ async def collect(stream, timeout: float = 60.0) -> list:
 
     await asyncio.wait_for(run(), timeout)
     return items
+
+#: The session cap or room capacity a test's ``myna`` process gets (see :func:`quick_start_args`).
+QUICK_START_CAPS = {"serve": ("--max-sessions", "16"), "worker": ("--capacity", "4")}
+
+
+def quick_start_args(command: str, args) -> list[str]:
+    """What a test's ``myna COMMAND ARGS`` process adds to ``args`` to start in a few seconds on a
+    busy machine, where ``args`` do not say otherwise: no phrase cache warm-up (51 phrases, ~20
+    CPU-seconds, which no test hears: the warm-up is tested in process,
+    tests/engines/test_phrase_cache.py) and, for ``serve`` and ``worker``, a fixed session cap or
+    room capacity (:data:`QUICK_START_CAPS`) rather than one measured at start-up (on a machine the
+    other tests load, the measure says 2)."""
+    added = [] if "--phrase-cache-warm" in args else ["--phrase-cache-warm", "none"]
+    cap = QUICK_START_CAPS.get(command)
+    if cap is not None and cap[0] not in args:
+        added += cap
+    return added
+
 
 def loopback_only() -> bool:
     """Only loopback addresses here, apart from the veth pair the LiveKit tests add inside this

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from inprocess import quick_start_args
 from myna.bench.chromium import CHROMIUM, CHROMIUM_ARGS  # (the flags the benchmark runs Chromium with)
 
 sync_api = pytest.importorskip("playwright.sync_api")
@@ -58,12 +59,12 @@ def server(tmp_path_factory):
     """A ``myna serve`` on a free loopback port; yields its base URL once /healthz says ready."""
     port = _free_port()
     log_path = tmp_path_factory.mktemp("server") / "serve.log"
+    # Many lanes from one address on a busy machine: no per-client limits, a fixed session cap.
+    args = ["--host", "127.0.0.1", "--port", str(port), "--offer-rate", "0", "--max-sessions-per-client", "0",
+            "--max-sessions", "32"]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            # Many lanes from one address on a busy machine: no per-client limits, a fixed session cap;
-            # no phrase cache warm-up (~20 CPU-seconds nothing here hears).
-            [*_myna_command(), "serve", "--host", "127.0.0.1", "--port", str(port), "--offer-rate", "0",
-             "--max-sessions-per-client", "0", "--max-sessions", "32", "--phrase-cache-warm", "none"],
+            [*_myna_command(), "serve", *args, *quick_start_args("serve", args)],
             stdout=log, stderr=subprocess.STDOUT,
         )
     url = f"http://127.0.0.1:{port}"
@@ -530,7 +531,7 @@ def test_a_server_restart_mid_race_leaves_no_lane_speaking(browser):
 
     def start():
         proc = subprocess.Popen([*_myna_command(), "--log-level", "warning", "serve", "--port", str(port), "--engine", "piper",
-                                 "--max-sessions", "4", "--phrase-cache-warm", "none"],  # (started twice: quickly)
+                                 *quick_start_args("serve", [])],  # (started twice: quickly)
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:

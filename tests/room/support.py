@@ -11,6 +11,7 @@ import time
 import uuid
 from pathlib import Path
 
+from inprocess import quick_start_args
 from myna.bench.livekit_server import DEV_KEY, DEV_SECRET, LiveKitServer
 from myna.bench.processes import terminate
 
@@ -52,15 +53,10 @@ async def myna_in_room(node: LiveKitServer, room: str, engine, identity: str = "
 
 class Myna:
     """A ``myna room`` or ``myna worker`` subprocess with the dev credentials; output in a log.
-    Unless the arguments say otherwise, its phrase cache is not warmed and a worker's capacity is
-    4 rooms, not measured at start-up (no test here needs either; both cost CPU the other tests
-    share)."""
+    :func:`inprocess.quick_start_args` unless the arguments say otherwise."""
 
     def __init__(self, *args: str, env: dict | None = None):
-        if "--phrase-cache-warm" not in args:
-            args = (*args, "--phrase-cache-warm", "none")
-        if args[0] == "worker" and "--capacity" not in args:
-            args = (*args, "--capacity", "4")
+        args = (*args, *quick_start_args(args[0], args))
         ARTIFACTS.mkdir(exist_ok=True)
         self.log_path = ARTIFACTS / f"myna-{args[0]}-{os.getpid()}-{time.monotonic_ns()}.log"
         self._log = open(self.log_path, "wb")

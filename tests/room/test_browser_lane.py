@@ -17,6 +17,7 @@ import urllib.request
 
 import pytest
 
+from inprocess import quick_start_args
 from myna.bench.livekit_server import DEV_KEY, DEV_SECRET
 from myna.bench.processes import free_port
 from myna.server.room_lane import client_bundle
@@ -38,10 +39,9 @@ def lane_server(livekit_node):
     ARTIFACTS.mkdir(exist_ok=True)
     log = open(ARTIFACTS / f"serve-livekit-{port}.log", "wb")
     env = {**os.environ, "LIVEKIT_API_KEY": DEV_KEY, "LIVEKIT_API_SECRET": DEV_SECRET}
-    # A fixed session cap (measured on a busy machine it can be 2: fewer than the page opens) and no
-    # phrase cache warm-up (~20 CPU-seconds nothing here hears).
-    proc = subprocess.Popen([sys.executable, "-m", "myna.cli", "serve", "--port", str(port), "--engine", "piper",
-                             "--livekit-url", livekit_node.url, "--max-sessions", "8", "--phrase-cache-warm", "none"], stdout=log, stderr=subprocess.STDOUT, env=env)
+    args = ["--port", str(port), "--engine", "piper", "--livekit-url", livekit_node.url, "--max-sessions", "8"]
+    proc = subprocess.Popen([sys.executable, "-m", "myna.cli", "serve", *args, *quick_start_args("serve", args)],
+                            stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 90
     while True:
