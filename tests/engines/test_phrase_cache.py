@@ -48,7 +48,7 @@ class FakePiper(PiperEngine):
                               np.zeros(int(0.15 * RATE), np.float32)])
         return UnitLatent([_Made(pcm)], [80.0 + 300.0 * i for i in range(len(words))], len(pcm))
 
-    def render(self, latent: "_Made", start: int, end: int, voice: str | None = None) -> np.ndarray:
+    def render(self, latent: "_Made", start: int, end: int, voice: str | None = None, after: int | None = None) -> np.ndarray:
         return latent.pcm[start * HOP : end * HOP]
 
 

@@ -142,6 +142,15 @@ async def test_a_join_after_an_early_first_phrase_is_not_a_pause(engine):
     assert longest_silence(pcm, engine.sample_rate, at, ten + 20) < PAUSE_MS
 
 
+async def test_words_espeak_reads_as_fewer_are_timed_from_where_speech_starts(engine):
+    """espeak-ng reads "I am" as one word, so a unit's words are spread over its audio by
+    length; they start where its first spoken word starts, not in its quiet lead-in (from the
+    unit's first sample, the turn's first chunk carried ~40 ms of sound: a gap in the first word)."""
+    merged, plain = engine.encode_unit("I am sorry"), engine.encode_unit("We are sorry")
+    assert len(merged.starts_ms) == 3 and merged.starts_ms == sorted(merged.starts_ms)
+    assert merged.lead_frames(engine.sample_rate) >= 3 and merged.starts_ms[0] >= 0.5 * plain.starts_ms[0] > 0
+
+
 # -- pauses measured on the audio ---------------------------------------------------
 
 

@@ -240,8 +240,8 @@ class VirtualPiper:
 
     HOP = 256
 
-    def __init__(self, job_s: float = 0.0, lead: int = 0):
-        self.engine = PiperEngine(workers=1, horizon_s=120.0)  # (the horizon is tested above)
+    def __init__(self, job_s: float = 0.0, lead: int = 0, workers: int = 1):
+        self.engine = PiperEngine(workers=workers, horizon_s=120.0)  # (the horizon is tested above)
         self.engine._voice = object()  # "loaded"
         self.job_s = job_s
         self.lead = lead  # frames of quiet lead-in before each unit's first word
@@ -256,9 +256,13 @@ class VirtualPiper:
             job = {"kind": kind, "text": text, "deadline": deadline, "frames": args[2] - args[1] if kind == "chunk" else 0,
                    "ahead": ahead}
 
-            def started(*a):  # recorded when a thread takes it (the order jobs run in)
+            def started(*a):  # recorded when a thread takes it (the order jobs run in), with when it ran
                 self.jobs.append(job)
-                return fn(*a)
+                job["began"] = time.monotonic()
+                try:
+                    return fn(*a)
+                finally:
+                    job["ended"] = time.monotonic()
 
             return await run(started, *args, deadline=deadline, owner=owner, ahead=ahead)
 
@@ -271,7 +275,7 @@ class VirtualPiper:
         starts = [1000.0 * self.HOP * (self.lead + 2 * len(" ".join(words[:i]))) / 22_050 for i in range(len(words))]
         return UnitLatent([_FakeLatent(text, frames)], starts, frames * self.HOP)
 
-    def _render(self, latent: _FakeLatent, start: int, end: int, voice: str | None = None) -> np.ndarray:
+    def _render(self, latent: _FakeLatent, start: int, end: int, voice: str | None = None, after: int | None = None) -> np.ndarray:
         time.sleep(self.job_s)
         return np.full((min(end, latent.frames) - start) * self.HOP, 0.1, np.float32)
 
@@ -368,6 +372,63 @@ async def test_the_whole_reply_lane_releases_audio_only_when_every_job_is_done()
     # Nothing was out while they ran: every job is due when the listener began to wait, so
     # the reply's jobs keep their place instead of sharing the threads with later turns.
     assert len({job["deadline"] for job in piper.jobs}) == 1
+
+
+async def _until(condition, timeout: float = 5.0) -> None:
+    """Wait (on the event loop) until ``condition()`` holds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.002)
+
+
+async def test_a_thin_listeners_next_chunk_is_rendered_beside_the_one_before_it():
+    """While a listener has little queued (a turn's start), the chunk after the next one is
+    submitted too, and a second thread renders it beside the first; with nobody listening in
+    real time, one chunk at a time."""
+    for group, beside in ((Listener(time.monotonic()), True), (None, False)):
+        piper = VirtualPiper(job_s=0.05, workers=2)
+        stream = piper.engine.stream(group=group)
+        stream.push_text("Hello there.")
+        stream.end_input()
+        await _drain(stream)
+        first, second = [job for job in piper.jobs if job["kind"] == "chunk"][:2]
+        assert (second["began"] < first["ended"]) is beside
+        piper.engine.scheduler.shutdown()
+
+
+async def test_a_clause_still_being_written_is_cut_between_phrases_before_the_listener_runs_out():
+    """A turn's later clause whose punctuation has not come is cut early, before a word that
+    leans on the next, STARVE_LEAD_S before the listener's audio runs out. With seconds of audio
+    queued the clause waits for its punctuation."""
+    from myna.engines.piper import STARVE_LEAD_S
+
+    # ("our" is still held when the cut comes: a last word waits for the next chunk.)
+    for queued_s, units in ((0.1, ["Sure,", "the order you asked", "about left our warehouse on Monday."]),
+                            (30.0, ["Sure,", "the order you asked about left our warehouse on Monday."])):
+        piper = VirtualPiper()
+        latents = lambda: [job["text"] for job in piper.jobs if job["kind"] == "latent"]  # noqa: E731
+        listener = Listener(time.monotonic() + 30.0)
+        stream = piper.engine.stream(group=listener)
+        items: list = []
+        reader = asyncio.ensure_future(_collect(stream, items))
+        stream.push_text("Sure, ")
+        await _until(lambda: any(isinstance(i, AudioChunk) for i in items) and stream._idle)
+        # queued_s of audio left until the clause's first unit is on its way; then plenty.
+        listener.audio_runs_out_at = lambda: time.monotonic() + (queued_s if len(latents()) < 2 else 30.0)
+        stream.push_text("the order you asked about left our ")
+        if queued_s < STARVE_LEAD_S:
+            await _until(lambda: len(latents()) == 2)
+        stream.push_text("warehouse on Monday.")
+        stream.end_input()
+        await reader
+        assert latents() == units
+        piper.engine.scheduler.shutdown()
+
+
+async def _collect(stream, items: list) -> None:
+    async for item in stream:
+        items.append(item)
 
 
 class Listener:

@@ -88,6 +88,19 @@ FIRST_CHUNK_FRAMES = 8
 #: measured here); a chunk of 96 frames is ~60–110 ms of compute, the most a waiting first
 #: unit waits behind per thread.
 CHUNK_FRAMES = 96
+#: A listener with less audio queued than this (s) is thin: a chunk is rendered one ahead of
+#: the next, on a second thread when one is free (more than a long chunk's compute on a busy
+#: machine). With more queued, one job at a time, so that the threads stay free for others'
+#: first syllables (one ahead always: reply TTFA rose ~15 % at 4 conversations).
+THIN_S = 0.4
+#: A later unit is cut early, between phrases, when the listener's queued audio runs out within
+#: this long (s) and its clause's punctuation has not come: the time to encode a few words and
+#: render a first chunk on a busy machine. At LLM pace a long clause is still being written
+#: when a 3-word first phrase has played ("The order you | asked about left our warehouse on
+#: Monday evening and should reach you by Thursday,": 100–270 ms gaps at 4 conversations).
+STARVE_LEAD_S = 0.3
+#: ... once it holds this many words (a lone word said alone sounds cut off).
+STARVE_MIN_WORDS = 2
 #: Synthesised at start-up (after a first run that pays for set-up): the voice's loudness.
 WARM_UP_TEXTS = ("Hello there.", "The voice is loaded, warmed up and ready to speak to you now.")
 _SILENCE = 0.003  # |sample| below this counts as silence when trimming the turn's start
@@ -325,19 +338,20 @@ class PiperEngine(Engine):
             offset += latent.frames * hop
         words = text.split()
         if len(starts) != len(words):
-            # espeak spoke a different number of words (numbers, abbreviations): spread the
-            # words over the unit by length instead.
-            starts = _proportional_starts(words, offset)
+            # espeak spoke a different number of words (numbers, abbreviations, "I am" read as
+            # one): spread the words over the unit by length instead, from where speech starts.
+            starts = _proportional_starts(words, offset, first=starts[0] if starts else 0)
         return UnitLatent(latents, [1000.0 * s / self.sample_rate for s in starts], offset)
 
-    def render(self, latent, start: int, end: int, voice: str | None = None) -> np.ndarray:
+    def render(self, latent, start: int, end: int, voice: str | None = None, after: int | None = None) -> np.ndarray:
         """Frames ``[start, end)`` of one of a unit's latents as float32 samples, by the voice
-        that encoded it (a name; None: the default; :meth:`myna.engines.vits.SplitVoice.render`)."""
+        that encoded it (a name; None: the default; :meth:`myna.engines.vits.SplitVoice.render`);
+        ``after``: the end of the latent's chunk before this one, which may not have run yet."""
         split = self._voices[voice] if voice is not None else self._voice
         t0 = self._job_started()
         pcm = np.zeros(0, np.float32)
         try:
-            pcm = split.render(latent, start, end)
+            pcm = split.render(latent, start, end, after=after)
             return pcm
         finally:
             self._job_finished(t0, audio_samples=len(pcm))
@@ -464,10 +478,11 @@ def scripts_for_language(language: str | None) -> frozenset[str]:
     return LATIN | frozenset(_SCRIPTS.get(primary, ()))
 
 
-def _proportional_starts(words: list[str], n_samples: int) -> list[int]:
+def _proportional_starts(words: list[str], n_samples: int, first: int = 0) -> list[int]:
+    """Word starts (samples) spread over ``[first, n_samples)`` by the words' lengths."""
     lengths = np.array([len(w) + 1 for w in words], dtype=np.float64)
     edges = np.concatenate(([0.0], np.cumsum(lengths)))[:-1] / max(lengths.sum(), 1.0)
-    return [int(e * n_samples) for e in edges]
+    return [first + int(e * (n_samples - first)) for e in edges]
 
 
 @dataclass(frozen=True)
@@ -610,6 +625,7 @@ class PiperStream(SynthesisStream):
         self._chunk = FIRST_CHUNK_FRAMES  # frames of the next chunk
         self._after, self._done = engine.order.join(group)  # the group's previous turn first
         self._guess: tuple[str, asyncio.Task] | None = None  # (first phrase's text, its latent job)
+        self._idle = False  # every unit so far is synthesised: the next is awaited
         self._task = self._loop.create_task(self._run())
 
     def set_speed(self, speed: float) -> None:
@@ -636,7 +652,19 @@ class PiperStream(SynthesisStream):
         self._add_units(self._chunker.settle())
 
     def _next_deadline(self) -> float | None:
-        return self._chunker.deadline
+        due = [d for d in (self._chunker.deadline, self._starves_at()) if d is not None]
+        return min(due) if due else None
+
+    def _starves_at(self) -> float | None:
+        """When the clause being written must be cut early (:data:`STARVE_LEAD_S` before the
+        listener's audio runs out), or None: only once the turn has been heard, everything
+        before the clause has been synthesised and it holds :data:`STARVE_MIN_WORDS` words."""
+        runs_out = getattr(self._group, "audio_runs_out_at", None)
+        if (runs_out is None or self._first_out_at is None or not self._idle or not self._units.empty()
+                or self._release_at_end or not isinstance(self._chunker, ClauseChunker)
+                or self._chunker.held_words < STARVE_MIN_WORDS):
+            return None
+        return runs_out() - STARVE_LEAD_S
 
     def _on_text(self) -> None:
         """Start the first phrase's latent on a guess. A chunk that ends in a
@@ -686,6 +714,9 @@ class PiperStream(SynthesisStream):
 
     def _on_deadline(self, now: float) -> None:
         self._add_units(self._chunker.poll(now))
+        starves_at = self._starves_at()
+        if starves_at is not None and now >= starves_at:
+            self._add_units(self._chunker.cut_early(STARVE_MIN_WORDS))
 
     def _on_end_input(self) -> None:
         self._add_units(self._chunker.flush())
@@ -755,7 +786,7 @@ class PiperStream(SynthesisStream):
         try:
             if self._after is not None:
                 await asyncio.shield(self._after)  # the group's previous turn first
-            while (unit := await self._units.get()) is not None:
+            while (unit := await self._next_unit()) is not None:
                 if isinstance(unit, Pause):
                     if turn_ms > 0:  # a pause before anything was said is no pause (and no first audio)
                         pcm = np.zeros(int(rate * max(0.0, unit.ms - tail_ms) / 1000), np.float32)
@@ -781,6 +812,18 @@ class PiperStream(SynthesisStream):
             self._release()
             self._finish()
 
+    async def _next_unit(self) -> "_Unit | Pause | None":
+        """The next unit; while none is ready, the clause being written may be cut early
+        (:meth:`_starves_at`), so the wake-up is set again."""
+        if self._units.empty():
+            self._idle = True
+            if not self._input_ended and not self._cancelled:
+                self._arm()
+        try:
+            return await self._units.get()
+        finally:
+            self._idle = False
+
     async def _speak(self, unit: _Unit, lead_ms: float | None, turn_ms: float, held: list[StreamItem]) -> "_UnitOut | None":
         """Synthesise one unit and emit it chunk by chunk, from the phrase cache when it holds
         the unit; None when the unit was left out."""
@@ -794,50 +837,102 @@ class PiperStream(SynthesisStream):
             out = _UnitOut(unit, unit.word_starts(starts), rate, lead_ms, turn_ms)
             await self._out(out.chunk(pcm) + out.end(), held)
             return out
-        latent = guessed or await self._job(unit, held, engine.encode_unit, unit.text, self.speed, self.voice)
-        if latent is None:
-            return None
+        if guessed is not None:
+            latent = guessed
+        else:
+            try:
+                latent = await self._job(engine.encode_unit, unit.text, self.speed, self.voice)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                await self._unit_failed(unit, held, exc)
+                return None
         out = _UnitOut(unit, unit.word_starts(latent.starts_ms), rate, lead_ms, turn_ms)
         made: list[np.ndarray] = []  # what the phrase cache keeps
-        for part in latent.latents:
-            start = 0
-            while start < part.frames:
-                end = start + self._chunk
-                if self._chunk == FIRST_CHUNK_FRAMES and start == 0:
-                    # The turn's first chunk: its quiet lead-in is trimmed on the way out, so it
-                    # carries FIRST_CHUNK_FRAMES of sound after it (with fewer, ~40 ms went out
-                    # and the next chunk came late: a gap inside the first word).
-                    end += latent.lead_frames(rate)
-                pcm = await self._job(unit, held, engine.render, part, start, end, self.voice)
-                if pcm is None:
+        chunks = self._chunks(latent)
+        frame_s = latent.samples / max(1, sum(part.frames for part in latent.latents)) / rate
+        seconds = [(min(end, part.frames) - start) * frame_s for part, start, end in chunks]
+        jobs: list[asyncio.Task] = []
+
+        def submit(i: int) -> None:
+            # Chunk i is due once the chunks before it that are not out yet have played.
+            if i < len(chunks):
+                part, start, end = chunks[i]
+                after = chunks[i - 1][2] if i and chunks[i - 1][0] is part else None
+                after_s = 0.0 if self._release_at_end else sum(seconds[len(made) : i])
+                jobs.append(self._loop.create_task(self._job(engine.render, part, start, end, self.voice, after,
+                                                             after_s=after_s)))
+
+        def submit_upto(i: int) -> None:
+            # The next chunk, and one more ahead while the listener's audio is thin: it takes a
+            # thread as soon as one is free and it is the most due (at a turn's start, the
+            # second chunk beside the first, so it is there before the first has played).
+            while len(jobs) <= min(i + (1 if self._thin() else 0), len(chunks) - 1):
+                submit(len(jobs))
+
+        try:
+            submit_upto(0)
+            for i in range(len(chunks)):
+                try:
+                    pcm = await jobs[i]
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    await self._unit_failed(unit, held, exc)
                     return out if out.out_ms else None
-                self._chunk = min(CHUNK_FRAMES, 2 * self._chunk)
                 made.append(pcm)
                 await self._out(out.chunk(pcm), held)
-                start = end
+                submit_upto(i + 1)
+        finally:
+            for job in jobs:
+                job.cancel()
         await self._out(out.end(), held)
         if cache is not None:
             cache.put(engine.name, key, unit.text, np.concatenate(made), latent.starts_ms)
         return out
 
-    async def _job(self, unit: _Unit, held: list[StreamItem], fn, *args):
-        """One of a unit's jobs on the engine's scheduler, due at :meth:`_deadline`. A failure
-        (any exception) is retried once; when the retry fails too, the rest of the unit is left
-        out and an :class:`ErrorEvent` ``unit_failed`` says so (None): one unit never ends the turn."""
+    def _chunks(self, latent: UnitLatent) -> list[tuple[object, int, int]]:
+        """The unit's chunk jobs in order: ``(latent, start, end)`` frames of each of its
+        sentences' latents. The turn's first chunk is :data:`FIRST_CHUNK_FRAMES` of sound after
+        the quiet lead-in, which is trimmed on the way out (with fewer, ~40 ms went out and the
+        next chunk came late: a gap inside the first word); each next chunk is twice as long, up
+        to :data:`CHUNK_FRAMES` (starting a thin listener's later unit small again cost ~15 %
+        more synthesis per conversation, ``myna bench capacity``: the decoder's context is paid
+        per chunk, and under load every listener is thin)."""
+        chunks = []
+        for part in latent.latents:
+            start = 0
+            while start < part.frames:
+                end = start + self._chunk
+                if self._chunk == FIRST_CHUNK_FRAMES and start == 0:
+                    end += latent.lead_frames(self._engine.sample_rate)
+                chunks.append((part, start, end))  # (the last one asks for more than is left: render stops at the end)
+                self._chunk = min(CHUNK_FRAMES, 2 * self._chunk)
+                start = end
+        return chunks
+
+    async def _job(self, fn, *args, after_s: float = 0.0):
+        """One of a unit's jobs on the engine's scheduler, due at :meth:`_deadline` plus
+        ``after_s`` (s of the turn's audio still to go out before this job's). A failure (any
+        exception) is retried once; the retry's failure is raised."""
         for attempt in (1, 2):
             try:
-                return await self._engine.scheduler.run(fn, *args, deadline=self._deadline(), owner=self,
+                return await self._engine.scheduler.run(fn, *args, deadline=self._deadline(after_s), owner=self,
                                                         ahead=self._ahead())
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 log.warning("piper synthesis of a unit failed (attempt %d of 2): %s", attempt, exc, exc_info=attempt == 2)
-                error = exc
+                if attempt == 2:
+                    raise
+
+    async def _unit_failed(self, unit: _Unit, held: list[StreamItem], error: Exception) -> None:
+        """A job of ``unit`` failed twice: the rest of the unit is left out, and an
+        :class:`ErrorEvent` ``unit_failed`` says so (one unit never ends the turn)."""
         text = " ".join(unit.words)
         await self._out([ErrorEvent("unit_failed", f"piper could not synthesise {text[:60]!r}"
                                                    f"{'…' if len(text) > 60 else ''} ({error}); those words were "
                                                    "left out, the rest of the turn is spoken")], held)
-        return None
 
     async def _out(self, items: list[StreamItem], held: list[StreamItem]) -> None:
         """Emit a chunk's items, or hold them until the turn's end (``release_at_end``)."""
@@ -855,6 +950,16 @@ class PiperStream(SynthesisStream):
                 self._out_s += item.duration_ms / 1000.0
             self._emit(item)
 
+    def _thin(self) -> bool:
+        """Is the listener's queued audio under :data:`THIN_S` (a session that has not heard
+        this turn yet counts as thin)? False without a group: nobody listens in real time."""
+        if self._group is None or self._release_at_end:
+            return False
+        runs_out = getattr(self._group, "audio_runs_out_at", None)
+        if self._first_out_at is None or runs_out is None:
+            return True
+        return runs_out() - time.monotonic() < THIN_S
+
     def _ahead(self):
         """May this turn's jobs run ahead of real time, beyond the horizon (the scheduler's
         ``ahead``)? The group's ``synthesis_ahead`` when it offers one (a session whose output
@@ -862,7 +967,7 @@ class PiperStream(SynthesisStream):
         ahead = getattr(self._group, "synthesis_ahead", None)
         return ahead if ahead is not None else False
 
-    def _deadline(self) -> float | None:
+    def _deadline(self, after_s: float = 0.0) -> float | None:
         """When the session's queued audio runs out (monotonic s), as the group tells it.
 
         The first job is due when the group's audio runs out as it is queued: now when the
@@ -870,7 +975,10 @@ class PiperStream(SynthesisStream):
         is out every job keeps that deadline (the listener has been waiting since, and a whole
         reply's jobs keep their place instead of sharing the threads with later turns); after
         it, the later of the group's figure and the stream's own lower bound (playback from the
-        first chunk, in real time). None (now) without a group: nobody listens in real time
+        first chunk, in real time). Either way plus ``after_s``: the audio of this turn's chunks
+        that will go out before the job's and are not out yet (a chunk submitted one ahead is
+        due when the chunk before it has played too; 0 for a whole reply, which plays nothing
+        before its last job). None (now) without a group: nobody listens in real time
         (``myna say``, tests).
         """
         if self._group is None:
@@ -879,9 +987,9 @@ class PiperStream(SynthesisStream):
         if self._first_out_at is None:
             if self._waiting_since is None:
                 self._waiting_since = runs_out() if runs_out is not None else time.monotonic()
-            return self._waiting_since
+            return self._waiting_since + after_s
         own = self._first_out_at + self._out_s  # playback cannot start earlier or run faster
-        return max(own, runs_out()) if runs_out is not None else own
+        return (max(own, runs_out()) if runs_out is not None else own) + after_s
 
 
 def _trim_tail(pcm: np.ndarray, sample_rate: int, keep_ms: float) -> np.ndarray:

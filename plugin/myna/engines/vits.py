@@ -30,6 +30,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import threading
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -134,6 +135,8 @@ class Latent:
     audio: np.ndarray | None = None
     z: np.ndarray | None = field(default=None, repr=False)  # the flow's output for frames [0, z_end)
     z_end: int = 0
+    #: Held while the flow extends ``z``: a unit's chunks may be rendered on two threads at once.
+    flow_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
 
 class SplitVoice:
@@ -229,17 +232,26 @@ class SplitVoice:
                       z_p=z_p[0], mask=z_p[1])
 
     # -- latent → waveform ----------------------------------------------------------------
-    def render(self, latent: Latent, start: int, end: int) -> np.ndarray:
+    def render(self, latent: Latent, start: int, end: int, after: int | None = None) -> np.ndarray:
         """The samples of frames ``[start, end)`` of ``latent``: float32 ``[(end - start) × hop]``
         (the unit's last chunk: what is left), scaled by :attr:`gain`, in [-1, 1].
 
-        Call in order of ``start`` for one latent (the flow's output is kept for the next chunk)."""
+        The flow's output is kept on the latent for the next chunk, computed in windows that
+        depend on the chunks asked for, so chunks are rendered in order of ``start``. Two may
+        run at once on two threads: ``after`` is the end of the chunk before this one when that
+        one may not have run yet (every chunk before it has); its share of the flow is run first,
+        as it would have been, so the samples are the same whichever thread comes first (the
+        flow runs under the latent's ``flow_lock``; each chunk's decoder runs on its own)."""
         end = min(end, latent.frames)
         if latent.audio is not None:
             return latent.audio[start * self.hop : end * self.hop]
         lo, hi = max(0, start - DECODER_CONTEXT), min(latent.frames, end + DECODER_CONTEXT)
-        self._flow_until(latent, hi)
-        audio = self._decoder.run(None, {self._dec_in[0]: latent.z[..., lo:hi]})[0].reshape(-1)
+        with latent.flow_lock:
+            if after is not None:
+                self._flow_until(latent, min(latent.frames, after + DECODER_CONTEXT))
+            self._flow_until(latent, hi)
+            z = latent.z[..., lo:hi]
+        audio = self._decoder.run(None, {self._dec_in[0]: z})[0].reshape(-1)
         out = audio[(start - lo) * self.hop : (end - lo) * self.hop] * self.gain
         return np.clip(out, -1.0, 1.0).astype(np.float32, copy=False)
 

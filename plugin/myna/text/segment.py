@@ -270,6 +270,18 @@ class ClauseChunker(_Chunker):
         """Whether one more word would end the first phrase early (``first_words``)."""
         return self._first and self.first_words is not None and len(self._words) + 1 >= self.first_words
 
+    @property
+    def held_words(self) -> int:
+        """Complete words waiting for their unit to end."""
+        return len(self._words)
+
+    def cut_early(self, min_words: int = 2) -> list[str]:
+        """End the unit now, between phrases (as the early first phrase ends: before a last word
+        that leans on the next), when it holds ``min_words`` words or more: the listener's audio
+        runs out before the clause's punctuation comes (:class:`myna.engines.piper.PiperStream`).
+        The rest of the words stay for the next unit."""
+        return self._cut(self._phrase_end()) if len(self._words) >= min_words else []
+
     def would_cut(self, word: str, now: float) -> list[str]:
         """The units :meth:`push` and :meth:`poll` would return for ``word`` at ``now``; the
         chunker is left as it is (a guess: :class:`myna.engines.piper.PiperStream`)."""
