@@ -385,8 +385,11 @@ async def _until(condition, timeout: float = 5.0) -> None:
 async def test_a_thin_listeners_next_chunk_is_rendered_beside_the_one_before_it():
     """While a listener has little queued (a turn's start), the chunk after the next one is
     submitted too, and a second thread renders it beside the first; with nobody listening in
-    real time, one chunk at a time."""
-    for group, beside in ((Listener(time.monotonic()), True), (None, False)):
+    real time (no group, a group that cannot say when its audio runs out, a file download),
+    one chunk at a time."""
+    download = Listener(time.monotonic())
+    download.synthesis_ahead = lambda: True
+    for group, beside in ((Listener(time.monotonic()), True), (None, False), (object(), False), (download, False)):
         piper = VirtualPiper(job_s=0.05, workers=2)
         stream = piper.engine.stream(group=group)
         stream.push_text("Hello there.")

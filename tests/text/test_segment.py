@@ -190,6 +190,21 @@ def test_first_min_words_merges_only_the_first_clause_when_asked():
     assert chunk_units("Yes, sir.".split(), chunker) == ["Yes, sir."]
 
 
+def test_an_early_cut_falls_between_phrases_and_never_right_after_a_possible_sentence_end():
+    chunker = ClauseChunker()
+    assert chunker.push("Sure,") == ["Sure,"]
+    for word in "the order you asked about left".split():
+        assert chunker.push(word) == []
+    assert chunker.held_words == 6
+    assert chunker.cut_early() == ["the order you asked"]  # not before "about", which leans on "left"
+    assert chunker.held_words == 2 and chunker.cut_early(min_words=3) == []
+    for word in "with Dr.".split():
+        chunker.push(word)
+    assert chunker.cut_early() == []  # "Dr." may end a sentence: the next word decides
+    chunker.push("Smith")
+    assert chunker.cut_early() == ["about left"] and chunker.flush() == ["with Dr. Smith"]
+
+
 def test_invalid_sizes_are_rejected():
     with pytest.raises(ValueError):
         ClauseChunker(max_words=0)

@@ -664,7 +664,7 @@ class PiperStream(SynthesisStream):
                 or self._release_at_end or not isinstance(self._chunker, ClauseChunker)
                 or self._chunker.held_words < STARVE_MIN_WORDS):
             return None
-        return runs_out() - STARVE_LEAD_S
+        return self._now() + (runs_out() - time.monotonic()) - STARVE_LEAD_S  # (on the turn's clock)
 
     def _on_text(self) -> None:
         """Start the first phrase's latent on a guess. A chunk that ends in a
@@ -849,9 +849,11 @@ class PiperStream(SynthesisStream):
                 return None
         out = _UnitOut(unit, unit.word_starts(latent.starts_ms), rate, lead_ms, turn_ms)
         made: list[np.ndarray] = []  # what the phrase cache keeps
+        lead = latent.lead_frames(rate) if self._chunk == FIRST_CHUNK_FRAMES else 0  # (trimmed on the way out)
         chunks = self._chunks(latent)
         frame_s = latent.samples / max(1, sum(part.frames for part in latent.latents)) / rate
-        seconds = [(min(end, part.frames) - start) * frame_s for part, start, end in chunks]
+        seconds = [max(0, min(end, part.frames) - start - (lead if i == 0 else 0)) * frame_s
+                   for i, (part, start, end) in enumerate(chunks)]
         jobs: list[asyncio.Task] = []
 
         def submit(i: int) -> None:
@@ -859,9 +861,11 @@ class PiperStream(SynthesisStream):
             if i < len(chunks):
                 part, start, end = chunks[i]
                 after = chunks[i - 1][2] if i and chunks[i - 1][0] is part else None
-                after_s = 0.0 if self._release_at_end else sum(seconds[len(made) : i])
-                jobs.append(self._loop.create_task(self._job(engine.render, part, start, end, self.voice, after,
-                                                             after_s=after_s)))
+                after_s = (lambda: 0.0) if self._release_at_end else (lambda: sum(seconds[len(made) : i]))
+                job = self._loop.create_task(self._job(engine.render, part, start, end, self.voice, after,
+                                                       after_s=after_s))
+                job.add_done_callback(lambda t: t.cancelled() or t.exception())  # (retrieved: one ahead may fail unawaited)
+                jobs.append(job)
 
         def submit_upto(i: int) -> None:
             # The next chunk, and one more ahead while the listener's audio is thin: it takes a
@@ -911,13 +915,13 @@ class PiperStream(SynthesisStream):
                 start = end
         return chunks
 
-    async def _job(self, fn, *args, after_s: float = 0.0):
+    async def _job(self, fn, *args, after_s=lambda: 0.0):
         """One of a unit's jobs on the engine's scheduler, due at :meth:`_deadline` plus
-        ``after_s`` (s of the turn's audio still to go out before this job's). A failure (any
-        exception) is retried once; the retry's failure is raised."""
+        ``after_s()`` (s of the turn's audio still to go out before this job's, asked at each
+        attempt). A failure (any exception) is retried once; the retry's failure is raised."""
         for attempt in (1, 2):
             try:
-                return await self._engine.scheduler.run(fn, *args, deadline=self._deadline(after_s), owner=self,
+                return await self._engine.scheduler.run(fn, *args, deadline=self._deadline(after_s()), owner=self,
                                                         ahead=self._ahead())
             except asyncio.CancelledError:
                 raise
@@ -952,13 +956,13 @@ class PiperStream(SynthesisStream):
 
     def _thin(self) -> bool:
         """Is the listener's queued audio under :data:`THIN_S` (a session that has not heard
-        this turn yet counts as thin)? False without a group: nobody listens in real time."""
-        if self._group is None or self._release_at_end:
-            return False
+        this turn yet counts as thin)? False when nobody listens in real time: no group, a
+        group that does not say when its audio runs out, a file (``synthesis_ahead``), a whole
+        reply."""
         runs_out = getattr(self._group, "audio_runs_out_at", None)
-        if self._first_out_at is None or runs_out is None:
-            return True
-        return runs_out() - time.monotonic() < THIN_S
+        if runs_out is None or self._release_at_end or self._ahead() is not False:
+            return False
+        return self._first_out_at is None or runs_out() - time.monotonic() < THIN_S
 
     def _ahead(self):
         """May this turn's jobs run ahead of real time, beyond the horizon (the scheduler's

@@ -277,10 +277,11 @@ class ClauseChunker(_Chunker):
 
     def cut_early(self, min_words: int = 2) -> list[str]:
         """End the unit now, between phrases (as the early first phrase ends: before a last word
-        that leans on the next), when it holds ``min_words`` words or more: the listener's audio
-        runs out before the clause's punctuation comes (:class:`myna.engines.piper.PiperStream`).
-        The rest of the words stay for the next unit."""
-        return self._cut(self._phrase_end()) if len(self._words) >= min_words else []
+        that leans on the next), when it holds ``min_words`` words or more and its last word
+        may not end a sentence (``"Dr."``, ``"p.m."``: the next word decides, as for the first
+        phrase): the listener's audio runs out before the clause's punctuation comes
+        (:class:`myna.engines.piper.PiperStream`). The rest of the words stay for the next unit."""
+        return self._cut(self._phrase_end()) if len(self._words) >= min_words and not self._maybe else []
 
     def would_cut(self, word: str, now: float) -> list[str]:
         """The units :meth:`push` and :meth:`poll` would return for ``word`` at ``now``; the
