@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -61,6 +62,18 @@ def paced_session(engine: Engine, sent: list, metrics: Metrics | None = None, **
     :class:`~myna.audio.playout.Playout` (drain it with ``session.output.next_frame()``), whose
     events go to ``sent`` as the JSON objects the contract sends; ``options`` go to the session."""
     return Session(engine, Playout.for_session, lambda event: sent.append(event.to_dict()), metrics or Metrics(), **options)
+
+
+async def until(condition, timeout: float = 30.0) -> None:
+    """Wait on the event loop (real time, polling every 5 ms) until ``condition()`` holds.
+
+    Raises:
+        AssertionError: it did not within ``timeout`` s.
+    """
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout:g} s"
+        await asyncio.sleep(0.005)
 
 
 async def collect(stream, timeout: float = 60.0) -> list:

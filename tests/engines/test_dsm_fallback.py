@@ -13,6 +13,7 @@ import pytest_asyncio
 import torch
 
 from inprocess import ManualTimer
+from inprocess import until as inprocess_until
 from inprocess import collect as collect_items
 from myna.engines import AudioChunk, FallbackEvent, WordEvent
 from myna.engines.base import spoken_word
@@ -48,13 +49,7 @@ async def engines(tmp_path_factory):
 collect = partial(collect_items, timeout=120.0)  # this module's bound (s)
 
 
-async def until(condition, timeout: float = 60.0) -> None:
-    """Wait (real time) for the DSM loop thread to get somewhere."""
-    for _ in range(int(timeout / 0.01)):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("timed out")
+until = partial(inprocess_until, timeout=60.0)  # (the DSM loop thread getting somewhere)
 
 
 def check(items, reason: str, most: int, rate: int) -> int:

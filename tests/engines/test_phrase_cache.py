@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from aiohttp.test_utils import TestServer
 
-from inprocess import paced_session
+from inprocess import paced_session, until
 from myna.engines import AudioChunk, WordEvent
 from myna.engines.build import Engines
 from myna.engines.phrase_cache import PhraseCache, phrase_key, read_phrases, warm_up
@@ -259,12 +259,6 @@ async def play(session, clock: Clock, frames: int) -> None:
         session.output.next_frame()
         clock.t += 0.02
         await asyncio.sleep(0)
-
-
-async def until(condition, timeout: float = 30.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not condition():
-            await asyncio.sleep(0.005)
 
 
 async def test_interrupt_during_a_cached_opening_cuts_it_like_any_audio():

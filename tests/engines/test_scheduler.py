@@ -12,6 +12,7 @@ import time
 import numpy as np
 import pytest
 
+from inprocess import until
 from myna.engines import AudioChunk
 from myna.engines.piper import CHUNK_FRAMES, FIRST_CHUNK_FRAMES, PiperEngine, UnitLatent
 from myna.engines.scheduler import AHEAD_DUE_S, DeadlineScheduler, lower_thread_priority
@@ -374,14 +375,6 @@ async def test_the_whole_reply_lane_releases_audio_only_when_every_job_is_done()
     assert len({job["deadline"] for job in piper.jobs}) == 1
 
 
-async def _until(condition, timeout: float = 5.0) -> None:
-    """Wait (on the event loop) until ``condition()`` holds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.002)
-
-
 async def test_a_thin_listeners_next_chunk_is_rendered_beside_the_one_before_it():
     """While a listener has little queued (a turn's start), the chunk after the next one is
     submitted too, and a second thread renders it beside the first; with nobody listening in
@@ -416,12 +409,12 @@ async def test_a_clause_still_being_written_is_cut_between_phrases_before_the_li
         items: list = []
         reader = asyncio.ensure_future(_collect(stream, items))
         stream.push_text("Sure, ")
-        await _until(lambda: any(isinstance(i, AudioChunk) for i in items) and stream._idle)
+        await until(lambda: any(isinstance(i, AudioChunk) for i in items) and stream._idle)
         # queued_s of audio left until the clause's first unit is on its way; then plenty.
         listener.audio_runs_out_at = lambda: time.monotonic() + (queued_s if len(latents()) < 2 else 30.0)
         stream.push_text("the order you asked about left our ")
         if queued_s < STARVE_LEAD_S:
-            await _until(lambda: len(latents()) == 2)
+            await until(lambda: len(latents()) == 2)
         stream.push_text("warehouse on Monday.")
         stream.end_input()
         await reader

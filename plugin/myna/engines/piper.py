@@ -849,8 +849,8 @@ class PiperStream(SynthesisStream):
                 return None
         out = _UnitOut(unit, unit.word_starts(latent.starts_ms), rate, lead_ms, turn_ms)
         made: list[np.ndarray] = []  # what the phrase cache keeps
-        lead = latent.lead_frames(rate) if self._chunk == FIRST_CHUNK_FRAMES else 0  # (trimmed on the way out)
-        chunks = self._chunks(latent)
+        lead = latent.lead_frames(rate) if self._chunk == FIRST_CHUNK_FRAMES else 0  # (the turn's first chunk)
+        chunks = self._chunks(latent, lead)
         frame_s = latent.samples / max(1, sum(part.frames for part in latent.latents)) / rate
         seconds = [max(0, min(end, part.frames) - start - (lead if i == 0 else 0)) * frame_s
                    for i, (part, start, end) in enumerate(chunks)]
@@ -895,10 +895,11 @@ class PiperStream(SynthesisStream):
             cache.put(engine.name, key, unit.text, np.concatenate(made), latent.starts_ms)
         return out
 
-    def _chunks(self, latent: UnitLatent) -> list[tuple[object, int, int]]:
+    def _chunks(self, latent: UnitLatent, lead: int) -> list[tuple[object, int, int]]:
         """The unit's chunk jobs in order: ``(latent, start, end)`` frames of each of its
-        sentences' latents. The turn's first chunk is :data:`FIRST_CHUNK_FRAMES` of sound after
-        the quiet lead-in, which is trimmed on the way out (with fewer, ~40 ms went out and the
+        sentences' latents. The first chunk is ``lead`` frames longer: the turn's first chunk is
+        :data:`FIRST_CHUNK_FRAMES` of sound after the quiet lead-in (``lead``, 0 for a later
+        unit), which is trimmed on the way out (with fewer, ~40 ms went out and the
         next chunk came late: a gap inside the first word); each next chunk is twice as long, up
         to :data:`CHUNK_FRAMES` (starting a thin listener's later unit small again cost ~15 %
         more synthesis per conversation, ``myna bench capacity``: the decoder's context is paid
@@ -907,9 +908,7 @@ class PiperStream(SynthesisStream):
         for part in latent.latents:
             start = 0
             while start < part.frames:
-                end = start + self._chunk
-                if self._chunk == FIRST_CHUNK_FRAMES and start == 0:
-                    end += latent.lead_frames(self._engine.sample_rate)
+                end = start + self._chunk + (0 if chunks else lead)
                 chunks.append((part, start, end))  # (the last one asks for more than is left: render stops at the end)
                 self._chunk = min(CHUNK_FRAMES, 2 * self._chunk)
                 start = end
