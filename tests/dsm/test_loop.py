@@ -337,6 +337,56 @@ def test_the_loop_thread_serves_sessions_from_other_threads(ours, voice_path):
         threaded.open()
 
 
+def test_the_loop_computes_on_its_own_thread_with_its_own_thread_count(ours, voice_path, monkeypatch):
+    """With a thread, every model call (the warm-up included) runs on the loop thread, at the
+    loop's intra-op thread count, while the caller's count and new threads' default stay."""
+    import torch
+
+    callers = torch.get_num_threads()
+    want = 1 if callers != 1 else 2
+    seen: list[tuple[int, int]] = []
+
+    def recorded(fn):
+        def call(*args, **kwargs):
+            seen.append((threading.get_ident(), torch.get_num_threads()))
+            return fn(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(ours.lm, "forward_text", recorded(ours.lm.forward_text))
+    monkeypatch.setattr(ours.mimi, "decode", recorded(ours.mimi.decode))
+    threaded = FrameLoop(ours, max_batch=2, max_ahead_s=math.inf, threads=want)
+    threaded.start()
+    try:
+        warm_up = len(seen)
+        turn = Turn(threaded, voice_path, seed=1).say(SHORT)
+        assert turn.ended.wait(60) and turn.ends == [None]
+        loop_thread = threaded._thread.ident
+    finally:
+        threaded.close()
+    assert 0 < warm_up < len(seen)
+    assert set(seen) == {(loop_thread, want)}
+    assert torch.get_num_threads() == callers
+    fresh: list[int] = []
+    other = threading.Thread(target=lambda: fresh.append(torch.get_num_threads()))
+    other.start()
+    other.join()
+    assert fresh == [callers]
+
+
+def test_a_failed_start_raises_and_leaves_no_thread(ours, monkeypatch):
+    def no_memory(batch_size):
+        raise MemoryError("no room for the Mimi state")
+
+    monkeypatch.setattr(ours.mimi, "new_state", no_memory)
+    threads_before = threading.active_count()
+    broken = FrameLoop(ours, max_batch=2)
+    with pytest.raises(MemoryError, match="Mimi state"):
+        broken.start()
+    assert threading.active_count() == threads_before and not broken.started
+    with pytest.raises(ValueError, match="threads"):
+        FrameLoop(ours, max_batch=2, threads=0)
+
+
 def test_bench_dsm_loop_tiny(tmp_path, capsys):
     import argparse
     import json
@@ -351,7 +401,7 @@ def test_bench_dsm_loop_tiny(tmp_path, capsys):
                               "--text", "Hello there, friend.", "--profile", "--join", "--json", str(out)])
     assert args.func(args) == 0
     table = capsys.readouterr().out
-    assert "steps/s" in table and "host ms per step by phase" in table and "joining" in table
+    assert "steps/s" in table and "host ms per step by phase" in table and "own work" in table and "joining" in table
     rows = json.loads(out.read_text())["results"]
     assert [row["sessions"] for row in rows] == [1, 2]
     for row in rows:
@@ -360,6 +410,7 @@ def test_bench_dsm_loop_tiny(tmp_path, capsys):
         assert 0 < ours["noise_ms_per_step"] + ours["copy_ms_per_step"] < ours["host_ms_per_step"]
         phases = ours["phases_ms"]
         assert sum(phases.values()) == pytest.approx(ours["host_ms_per_step"])
+        assert 0 < ours["own_ms_per_step"] < ours["host_ms_per_step"]
         for phase in ("temporal", "depformer", "sampling", "mimi", "state machines", "hand-offs"):
             assert phases[phase] > 0, phase
         join = row["join"]

@@ -23,7 +23,8 @@ thread's CPU time (so other processes on a shared machine do not count; the figu
 from the runs without it), and adds, per batched step, the host time of a step split by phase (:data:`PHASES`: the text state machines, token insertion, conditioning, the
 temporal transformer, the depformer's codebook loop, sampling, the token commit, Mimi decoding,
 noise draws, hand-offs to sessions, and the rest of the loop's own work), and the part spent in
-noise draws (``exponential_``) and copies (``copy_``, ``to``, ``cpu``, ``numpy``, ``tolist``).
+noise draws (``exponential_``) and copies (``copy_``, ``to``, ``cpu``, ``numpy``, ``tolist``),
+and the loop's **own work**: every phase but the model's (:data:`MODEL_PHASES`).
 Profiling inflates Python-heavy phases (each call is counted), so compare phases within one run.
 On a GPU the step's kernels run asynchronously, so this host time is what stands between two
 launches; on the CPU it also holds the compute.
@@ -108,14 +109,18 @@ def _loop_class(profile: cProfile.Profile | None):
     return ProfiledLoop
 
 
+#: The phases that run the model (on a GPU: kernel launches); the rest is the loop's own work.
+MODEL_PHASES = ("temporal", "depformer", "sampling", "commit", "mimi")
+
 #: What :func:`host_profile` adds to a run's figures.
-PROFILE_KEYS = ("host_ms_per_step", "noise_ms_per_step", "copy_ms_per_step", "phases_ms")
+PROFILE_KEYS = ("host_ms_per_step", "own_ms_per_step", "noise_ms_per_step", "copy_ms_per_step", "phases_ms")
 
 
 def host_profile(profile: cProfile.Profile) -> dict[str, Any]:
     """Per batched step, from the loop thread's profile (thread CPU time): ms of the loop's turns
     (``FrameLoop.tick``, which holds ``_step``), ``phases_ms`` split by :data:`PHASES` (cumulative
-    ms of their functions; "loop" is the rest of ``tick``), and the ms spent drawing noise and
+    ms of their functions; "loop" is the rest of ``tick``), ``own_ms_per_step`` (all but
+    :data:`MODEL_PHASES`), and the ms spent drawing noise and
     copying (tottime of :data:`NOISE_CALLS`, :data:`COPY_CALLS`)."""
     stats = pstats.Stats(profile).stats
     owner = {fn: phase for phase, fns in PHASES for fn in fns}
@@ -137,8 +142,9 @@ def host_profile(profile: cProfile.Profile) -> dict[str, Any]:
     per = 1000 / max(steps, 1)
     phases = {k: v * per for k, v in phase_s.items()}
     phases["loop"] = max(0.0, tick_s * per - sum(phases.values()))
-    return {"host_ms_per_step": tick_s * per, "noise_ms_per_step": noise_s * per, "copy_ms_per_step": copy_s * per,
-            "phases_ms": phases}
+    own = sum(ms for phase, ms in phases.items() if phase not in MODEL_PHASES)
+    return {"host_ms_per_step": tick_s * per, "own_ms_per_step": own, "noise_ms_per_step": noise_s * per,
+            "copy_ms_per_step": copy_s * per, "phases_ms": phases}
 
 
 def ours_run(tts, voice, text: str, S: int, profile: bool = False) -> dict[str, Any]:
@@ -215,8 +221,35 @@ def join_run(tts, voice, text: str, S: int) -> dict[str, Any]:
             "join_first_audio_ms": 1000 * (joiner.first_audio_time - joiner.opened_at)}
 
 
+def on_own_thread(fn, *args):
+    """``fn(*args)`` on a thread that ends with it: its result, or its exception re-raised.
+
+    Our loop computes on a thread of its own, so the reference does too, and so does the build:
+    a thread that has run a parallel op keeps an OpenMP team until it ends, and libgomp shortens
+    every team's spin-wait once the process holds more OpenMP threads than cores, so a team left
+    on the main thread would slow whichever side runs next (see :meth:`FrameLoop.start`)."""
+    import threading
+
+    out: list = []
+    failure: list[BaseException] = []
+
+    def body() -> None:
+        try:
+            out.append(fn(*args))
+        except BaseException as exc:
+            failure.append(exc)
+
+    thread = threading.Thread(target=body, name="dsm-loop-bench")
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
+    return out[0]
+
+
 def ref_run(ref, voice, text: str, S: int, cfg_value: float | None) -> dict[str, Any]:
-    """The reference's generate() for S entries, decoding each frame with its streaming Mimi."""
+    """The reference's generate() for S entries, decoding each frame with its streaming Mimi (run
+    it with :func:`on_own_thread`)."""
     import torch
 
     entries = [ref.prepare_script([text], padding_between=1) for _ in range(S)]
@@ -340,7 +373,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
     with tempfile.TemporaryDirectory(prefix="myna-dsm-loop-") as tmp:
         t0 = time.perf_counter()
-        tts, ref, voice = build(args.config, Path(tmp), device, with_ref, args.n_q)
+        tts, ref, voice = on_own_thread(build, args.config, Path(tmp), device, with_ref, args.n_q)
         build_s = time.perf_counter() - t0
         result = measure(tts, ref, voice, counts, args.text, args.rounds, args.profile, config=args.config,
                          join=args.join)
@@ -376,7 +409,7 @@ def measure(tts, ref, voice, counts: list[int], text: str = TEXT, rounds: int = 
                 profiled = ours_run(tts, voice, text, S, profile=True)
                 mine[-1].update({k: profiled[k] for k in PROFILE_KEYS})
             if ref is not None:
-                theirs.append(ref_run(ref, voice, text, S, cfg_value))
+                theirs.append(on_own_thread(ref_run, ref, voice, text, S, cfg_value))
             if join:
                 lone, joined = join_run(tts, voice, text, 1), join_run(tts, voice, text, S)
                 joins.append({**joined, "lone_first_audio_ms": lone["join_first_audio_ms"],
@@ -441,6 +474,10 @@ def format_table(result: dict[str, Any]) -> str:
         total = [row["ours"]["host_ms_per_step"] for row in profiled]
         slope = (total[-1] - total[0]) / (counts[-1] - counts[0]) if len(counts) > 1 else None
         lines.append(f"{'total':<16}" + "".join(f"  {_f(v, '8.2f')}" for v in total) + f"  {_f(slope, '8.3f')}")
+        own = [row["ours"]["own_ms_per_step"] for row in profiled]
+        slope = (own[-1] - own[0]) / (counts[-1] - counts[0]) if len(counts) > 1 else None
+        lines.append(f"{'own work':<16}" + "".join(f"  {_f(v, '8.2f')}" for v in own) + f"  {_f(slope, '8.3f')}"
+                     + "   (all but the model's phases)")
     joined = [row for row in result["results"] if "join" in row]
     if joined:
         lines += ["", "a session joining S - 1 running ones (ours)",

@@ -24,16 +24,18 @@ class DepformerLayer(nn.Module):
         self.norm2 = RMSNorm(dim, eps)
         self.self_attn = Attention(dim, n_heads, n_slots)
         self.gating = nn.ModuleList([GatedFFN(dim, hidden) for _ in range(n_slots)])
+        self._gating = tuple(self.gating)  # see Attention: the step calls forward() directly
 
     def step(self, x: torch.Tensor, k: int, slot: int, cache: torch.Tensor) -> torch.Tensor:
         """Codebook ``k`` of the frame: x [B, 1, dim]; cache [2, B, H, dep_q, Dh] is written at
         index k and read over 0..k (k is the unrolled loop index, static for a graph)."""
-        q, kk, v = self.self_attn.qkv(self.norm1(x), slot)
+        attn = self.self_attn
+        q, kk, v = attn.qkv(self.norm1.forward(x), slot)
         cache[0, :, :, k:k + 1] = kk
         cache[1, :, :, k:k + 1] = v
         a = attention(q, cache[0, :, :, :k + 1], cache[1, :, :, :k + 1], None)
-        x = x + self.self_attn.project_out(a, slot)
-        return x + self.gating[slot](self.norm2(x))
+        x = x + attn.project_out(a, slot)
+        return x + self._gating[slot].forward(self.norm2.forward(x))
 
     def forward(self, x: torch.Tensor, schedule: list[int]) -> torch.Tensor:
         """All codebooks at once (teacher forcing): x [N, K, dim], causal over the K codebooks."""
@@ -56,6 +58,7 @@ class Depformer(nn.Module):
         self.dim, self.n_heads = dim, n_heads
         self.layers = nn.ModuleList([DepformerLayer(dim, n_heads, hidden, n_slots, eps)
                                      for _ in range(n_layers)])
+        self._layers = tuple(self.layers)
 
     def new_cache(self, batch_size: int, n_codebooks: int, device: torch.device | str,
                   dtype: torch.dtype) -> torch.Tensor:
@@ -66,7 +69,7 @@ class Depformer(nn.Module):
 
     def step(self, x: torch.Tensor, k: int, slot: int, cache: torch.Tensor) -> torch.Tensor:
         """Codebook k: x [B, 1, dim] → [B, 1, dim]."""
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self._layers):
             x = layer.step(x, k, slot, cache[i])
         return x
 

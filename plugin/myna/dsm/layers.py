@@ -76,9 +76,9 @@ class GatedFFN(nn.Module):
         self.linear_out = nn.Linear(hidden, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.linear_in(x)
+        h = F.linear(x, self.linear_in.weight)
         h = h.view(*h.shape[:-1], 2, -1)
-        return self.linear_out(F.silu(h[..., 0, :]) * h[..., 1, :])
+        return F.linear(F.silu(h[..., 0, :]) * h[..., 1, :], self.linear_out.weight)
 
 
 def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -211,16 +211,19 @@ class Attention(nn.Module):
         self.n_heads, self.max_period = n_heads, max_period
         self.in_projs = nn.ModuleList([nn.Linear(dim, 3 * dim, bias=False) for _ in range(n_slots)])
         self.out_projs = nn.ModuleList([nn.Linear(dim, dim, bias=False) for _ in range(n_slots)])
+        # Plain tuples beside the ModuleLists: indexing a ModuleList and calling a Module cost more
+        # host time than the op itself at frame-step sizes (the step is bound by op count).
+        self._in, self._out = tuple(self.in_projs), tuple(self.out_projs)
 
     def qkv(self, x: torch.Tensor, slot: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Projections of x [B, T, dim] with weight slot ``slot``: q, k, v [B, H, T, Dh]."""
-        qkv = self.in_projs[slot](x)
+        qkv = F.linear(x, self._in[slot].weight)
         q, k, v = (split_heads(t, self.n_heads) for t in qkv.chunk(3, dim=-1))
         return q, k, v
 
     def project_out(self, a: torch.Tensor, slot: int = 0) -> torch.Tensor:
         """Attention output a [B, H, T, Dh] → [B, T, dim]."""
-        return self.out_projs[slot](merge_heads(a))
+        return F.linear(merge_heads(a), self._out[slot].weight)
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor,
                 cache: RingKVCache | None = None) -> torch.Tensor:

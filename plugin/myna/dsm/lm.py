@@ -25,8 +25,7 @@ from .layers import Attention, GatedFFN, RMSNorm, RingKVCache, RingPositions, po
 
 def embed(weight: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """Embedding lookup where token −1 gives exactly 0 (§2.1). tokens: int64 [...] → [..., dim]."""
-    y = F.embedding(tokens.clamp(min=0), weight)
-    return torch.where((tokens == -1)[..., None], torch.zeros((), dtype=y.dtype, device=y.device), y)
+    return F.embedding(tokens.clamp(min=0), weight).masked_fill_((tokens == -1)[..., None], 0.0)
 
 
 class LowRankEmbedding(nn.Module):
@@ -39,7 +38,7 @@ class LowRankEmbedding(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         y = embed(self.weight, tokens)
-        return self.low_rank(y) if self.low_rank is not None else y
+        return F.linear(y, self.low_rank.weight) if self.low_rank is not None else y
 
 
 class DemuxEmbedding(nn.Module):
@@ -63,10 +62,9 @@ class DemuxEmbedding(nn.Module):
         t = tokens.clamp(min=0)
         left = F.embedding(t % self.num, self.weight)
         right = t // self.num - 1
-        right_emb = self.out2(F.embedding(right.clamp(min=0), self.weight))
-        zero = torch.zeros((), dtype=right_emb.dtype, device=right_emb.device)
-        y = self.out1(left) + torch.where((right < 0)[..., None], zero, right_emb)
-        return torch.where(is_zero, zero, y)
+        right_emb = F.linear(F.embedding(right.clamp(min=0), self.weight), self.out2.weight)
+        y = F.linear(left, self.out1.weight) + right_emb.masked_fill_((right < 0)[..., None], 0.0)
+        return y.masked_fill_(is_zero, 0.0)
 
 
 class TemporalLayer(nn.Module):
@@ -163,6 +161,10 @@ class DSMLM(nn.Module):
         self.linears = nn.ModuleList([nn.Linear(dd, cfg.card, bias=False) for _ in range(cfg.dep_q)])
         self.condition_provider = (ConditionProvider(cfg.conditioners, cfg.fuser, d)
                                    if cfg.conditioners else None)
+        # the depformer's per-codebook modules as plain tuples, weights read at call time (see
+        # Attention: at frame-step sizes ModuleList indexing and Module calls cost more than the ops)
+        self._depformer_in, self._depformer_emb = tuple(self.depformer_in), tuple(self.depformer_emb)
+        self._linears = tuple(self.linears)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -257,8 +259,8 @@ class DSMLM(nn.Module):
     def depformer_input(self, k: int, prev: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """Depformer input of codebook k (§2.4 step 5): depformer_in[schedule[k]](h) + the embedding
         of the previous token (the muxed text token for k = 0). prev int64 [...], h [..., dim]."""
-        x = self.depformer_in[self.cfg.schedule[k]](h)
-        e = self.depformer_text_emb(prev) if k == 0 else self.depformer_emb[k - 1](prev)
+        x = F.linear(h, self._depformer_in[self.cfg.schedule[k]].weight)
+        e = self.depformer_text_emb.forward(prev) if k == 0 else self._depformer_emb[k - 1].forward(prev)
         return x + e
 
     def depformer_logits(self, k: int, prev: torch.Tensor, h: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
@@ -266,7 +268,7 @@ class DSMLM(nn.Module):
         ``self.depformer.new_cache``. Returns fp32 [B, card]."""
         x = self.depformer_input(k, prev[:, None], h)
         y = self.depformer.step(x, k, self.cfg.schedule[k], cache)
-        return self.linears[k](y)[:, 0].float()
+        return F.linear(y, self._linears[k].weight)[:, 0].float()
 
     def forward_depformer(self, tokens: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """Teacher-forced depformer over all frames: tokens int64 [B, K, T] (the step-t inputs:

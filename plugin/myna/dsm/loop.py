@@ -235,12 +235,21 @@ class FrameLoop:
         pipelined: hand each step's PCM out during the next step, right after its text launch, so
             the device never waits for that copy (default: on CUDA, where launches return at once;
             on the CPU a launch runs the phase, and waiting for it would only delay the audio).
+        threads: on the CPU, torch's intra-op threads on the loop thread (None: torch's count
+            when :meth:`start` is called); other threads keep theirs. Unused with ``thread=False``.
+
+    The state of every slot is allocated, and the phases built and warmed up, by :meth:`start`
+    on the thread that will step them (see there why).
     """
 
     def __init__(self, tts: DSMTTS, *, max_batch: int = 16, buckets: Sequence[int] | None = None,
                  max_ahead_s: float = 3.0, greedy: bool = False, cuda_graphs: bool | None = None,
-                 clock: Callable[[], float] = time.monotonic, pipelined: bool | None = None):
+                 clock: Callable[[], float] = time.monotonic, pipelined: bool | None = None,
+                 threads: int | None = None):
+        if threads is not None and threads < 1:
+            raise ValueError(f"threads must be at least 1, got {threads}")
         self.tts = tts
+        self.threads = threads
         self.lm, self.mimi, self.cfg = tts.lm, tts.mimi, tts.cfg
         self.device = self.lm.device
         self.max_batch = max_batch
@@ -249,33 +258,13 @@ class FrameLoop:
             raise ValueError(f"the largest bucket must be max_batch ({max_batch}), got {self.buckets}")
         self.max_ahead_s = max_ahead_s
         self.greedy = greedy
+        self._sampling, self._n_q = tts.sampling(greedy), tts.n_q  # the settings as they are now
         if cuda_graphs is None:
             cuda_graphs = self.device.type == "cuda" and os.environ.get("NO_CUDA_GRAPH", "") in ("", "0")
         self.cuda_graphs = cuda_graphs
         self.clock = clock
         self.pipelined = self.device.type == "cuda" if pipelined is None else pipelined
         self.frame_size = self.cfg.mimi.frame_size
-
-        cross_len = self.cfg.max_speakers * 125 if self.cfg.cross_attention else 0
-        B, dev = max_batch, self.device
-        self.fs = FrameState.new(self.lm, B, cross_len)
-        self.fs.exec_mask.fill_(False)
-        self.ms = self.mimi.new_state(B)
-        self.ms.exec_mask.fill_(False)
-        self.step = FrameStep(self.lm, self.fs, tts.sampling(greedy), tts.n_q)
-        self._draws = self.step.sampling.draws
-        pad = self.step.pad
-        self._text_noise = _Pinned(tuple(self.step.text_noise.shape), torch.float32, dev, 1.0)
-        self._audio_noise = _Pinned(tuple(self.step.audio_noise.shape), torch.float32, dev, 1.0)
-        self._text_in = _Pinned((B,), torch.long, dev, pad)
-        self._exec = _Pinned((B,), torch.bool, dev)
-        self._mimi_exec = _Pinned((B,), torch.bool, dev)
-        self._sampled = _Pinned((B,), torch.long, dev)
-        self._pcm = _Pinned((B, self.frame_size), torch.float32, dev)
-        self._text_noise_pending = False  # rows drawn at admission, not yet on the device
-        self._lead_only = False           # the last step ran only slots in their lead-in
-        #: the step's phases per bucket, as run (eagerly, or replayed as CUDA graphs)
-        self.phases: dict[int, dict[str, GraphPhase]] = {n: self._make_phases(n) for n in self.buckets}
 
         self._cond = threading.Condition()
         self._joins: deque[LoopSession] = deque()
@@ -290,7 +279,7 @@ class FrameLoop:
 
     # -- phases --------------------------------------------------------------------------
     def _make_phases(self, n: int) -> dict[str, GraphPhase]:
-        step, ms, n_q = self.step.narrow(n), self.ms.narrow(n), self.tts.n_q
+        step, ms, n_q = self.step.narrow(n), self.ms.narrow(n), self._n_q
 
         def audio() -> torch.Tensor:
             frame = step.audio()
@@ -301,24 +290,96 @@ class FrameLoop:
 
     # -- life cycle ----------------------------------------------------------------------
     def start(self, *, thread: bool = True) -> None:
-        """Warm up (on CUDA: capture the graphs of every bucket and phase), then start the loop
-        thread; with ``thread=False`` the caller drives the loop with :meth:`tick`."""
+        """Allocate the slots' state, build and warm up the phases (on CUDA: capture the graphs of
+        every bucket and phase), then step sessions on the loop thread; with ``thread=False`` all
+        of that happens on the caller's thread, which then drives the loop with :meth:`tick`.
+
+        With a thread, the preparation runs on that thread and ``start`` returns once it is done
+        (raising its error, with no thread left running), so every tensor op of the loop runs on
+        one thread. On the CPU, a thread that has run a parallel op keeps an OpenMP team until it
+        ends; once the process holds more OpenMP threads than cores, libgomp shortens every team's
+        spin-wait, and the step's hundreds of small parallel regions each wait for a futex wake-up.
+        Measured (``myna bench dsm-loop``, tiny config, 2 intra-op threads, 2 cores, one run
+        each): with the state allocated and warmed on the caller's thread, 105 / 47 / 34 steps/s
+        at 1 / 4 / 16 sessions; on the loop thread, 181 / 123 / 77 (with the depformer's host
+        work cut too).
+
+        Raises whatever the preparation raised (out of memory, a graph capture failure)."""
         if self.started:
             return
-        with torch.no_grad():
-            pool = torch.cuda.graph_pool_handle() if self.cuda_graphs else None
-            buckets = self.buckets if self.device.type == "cuda" else self.buckets[:1]
-            for n in buckets:
-                self._warm(n, pool)
-            everything = torch.ones(self.max_batch, dtype=torch.bool, device=self.device)
-            self.fs.reset(everything)
-            self.ms.reset(everything)
-            self.fs.exec_mask.fill_(False)
-            self.ms.exec_mask.fill_(False)
+        if not thread:
+            self._prepare()
+            self.started = True
+            return
+        own_count = self.threads is not None and self.device.type == "cpu"
+        counted, restored, warmed = threading.Event(), threading.Event(), threading.Event()
+        failure: list[BaseException] = []
+
+        def body() -> None:
+            try:
+                if own_count:
+                    torch.get_num_threads()  # torch's per-thread set-up first, or it would undo this
+                    torch.set_num_threads(self.threads)
+                counted.set()
+                restored.wait()  # the caller has put the process default back
+                if self.device.type == "cuda" and self.device.index is not None:
+                    torch.cuda.set_device(self.device)  # streams and events on the model's GPU
+                self._prepare()
+            except BaseException as exc:  # re-raised by start() on the caller's thread
+                failure.append(exc)
+                return
+            finally:
+                counted.set()
+                warmed.set()
+            self._run()
+
+        others = torch.get_num_threads()
+        loop_thread = threading.Thread(target=body, name="dsm-frame-loop", daemon=True)
+        loop_thread.start()
+        counted.wait()
+        if own_count:  # torch.set_num_threads on the loop thread also set the default of new threads
+            torch.set_num_threads(others)
+        restored.set()
+        warmed.wait()
+        if failure:
+            loop_thread.join()
+            raise failure[0]
+        self._thread = loop_thread
         self.started = True
-        if thread:
-            self._thread = threading.Thread(target=self._run, name="dsm-frame-loop", daemon=True)
-            self._thread.start()
+
+    @torch.no_grad()
+    def _prepare(self) -> None:
+        """Allocate the state of every slot, the host buffers and the phases, and warm them up."""
+        cross_len = self.cfg.max_speakers * 125 if self.cfg.cross_attention else 0
+        B, dev = self.max_batch, self.device
+        self.fs = FrameState.new(self.lm, B, cross_len)
+        self.fs.exec_mask.fill_(False)
+        self.ms = self.mimi.new_state(B)
+        self.ms.exec_mask.fill_(False)
+        self.step = FrameStep(self.lm, self.fs, self._sampling, self._n_q)
+        self._draws = self.step.sampling.draws
+        pad = self.step.pad
+        self._text_noise = _Pinned(tuple(self.step.text_noise.shape), torch.float32, dev, 1.0)
+        self._audio_noise = _Pinned(tuple(self.step.audio_noise.shape), torch.float32, dev, 1.0)
+        self._text_in = _Pinned((B,), torch.long, dev, pad)
+        self._exec = _Pinned((B,), torch.bool, dev)
+        self._mimi_exec = _Pinned((B,), torch.bool, dev)
+        self._sampled = _Pinned((B,), torch.long, dev)
+        self._pcm = _Pinned((B, self.frame_size), torch.float32, dev)
+        self._text_noise_pending = False  # rows drawn at admission, not yet on the device
+        self._lead_only = False           # the last step ran only slots in their lead-in
+        #: the step's phases per bucket, as run (eagerly, or replayed as CUDA graphs)
+        self.phases: dict[int, dict[str, GraphPhase]] = {n: self._make_phases(n) for n in self.buckets}
+
+        pool = torch.cuda.graph_pool_handle() if self.cuda_graphs else None
+        buckets = self.buckets if self.device.type == "cuda" else self.buckets[:1]
+        for n in buckets:
+            self._warm(n, pool)
+        everything = torch.ones(self.max_batch, dtype=torch.bool, device=self.device)
+        self.fs.reset(everything)
+        self.ms.reset(everything)
+        self.fs.exec_mask.fill_(False)
+        self.ms.exec_mask.fill_(False)
 
     def _warm(self, n: int, pool) -> None:
         self.fs.exec_mask[:n] = True

@@ -18,6 +18,7 @@ audio that seed gives.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 from pathlib import Path
@@ -46,7 +47,8 @@ class DSMEngine(Engine):
         max_batch: concurrent turns stepping together; more wait for a slot.
         max_ahead_s: backpressure: a turn more than this ahead of real time pauses.
         seed: fixed per-turn seed (tests, reproducible runs); None draws one per turn.
-        threads: torch intra-op threads on CPU (default: all cores but one, for the pacer).
+        threads: torch intra-op threads of the frame loop's thread on the CPU (default: all cores
+            but one, for the pacer).
         cache_seeded: with ``seed``, use the phrase cache all the same (see the module docstring).
     """
 
@@ -82,9 +84,13 @@ class DSMEngine(Engine):
         return names
 
     async def start(self) -> None:
-        """Load the checkpoint and warm the loop up (graph capture on CUDA) on a worker thread."""
+        """Load the checkpoint and warm the loop up (graph capture on CUDA) on a thread of its own,
+        which ends once the loop is running: a thread that has run a parallel op on the CPU keeps
+        an OpenMP team until it ends, and another team beside the loop's slows every small op of
+        the loop's step (see :meth:`myna.dsm.loop.FrameLoop.start`), so not the event loop's
+        default executor, whose threads stay."""
         if self._starting is None:
-            self._starting = asyncio.ensure_future(asyncio.to_thread(self._load))
+            self._starting = asyncio.ensure_future(_on_own_thread(self._load))
         await asyncio.shield(self._starting)
 
     def _load(self) -> None:
@@ -94,8 +100,7 @@ class DSMEngine(Engine):
         from myna.dsm.loop import FrameLoop
 
         device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        if device == "cpu":
-            torch.set_num_threads(self.threads or max(1, (os.cpu_count() or 2) - 1))
+        threads = (self.threads or max(1, (os.cpu_count() or 2) - 1)) if device == "cpu" else None
         tts = load(self.checkpoint, device, progress=False)
         tts.n_q = max(1, min(self.n_q, tts.cfg.n_q))
         if self.guidance is not None:
@@ -103,7 +108,7 @@ class DSMEngine(Engine):
         if tts.needs_voice and self.voice_path is None:
             raise EngineError("no_voice", "this DSM checkpoint needs a voice: pass --voice PATH")
         self.sample_rate = tts.sample_rate
-        loop = FrameLoop(tts, max_batch=self.max_batch, max_ahead_s=self.max_ahead_s)
+        loop = FrameLoop(tts, max_batch=self.max_batch, max_ahead_s=self.max_ahead_s, threads=threads)
         loop.start()
         # one short turn end to end, so the first real turn pays for nothing
         errors: list[BaseException | None] = []
@@ -141,6 +146,16 @@ class DSMEngine(Engine):
         if self.loop is None:
             raise EngineError("engine_not_ready", "dsm is still loading")
         return DSMStream(self, group)
+
+
+async def _on_own_thread(fn):
+    """``fn()`` on a new thread that ends with it (see :meth:`DSMEngine.start`); the event loop
+    never waits for that thread, even when the caller is cancelled."""
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dsm-load")
+    try:
+        return await asyncio.get_running_loop().run_in_executor(pool, fn)
+    finally:
+        pool.shutdown(wait=False)
 
 
 def _guidance_value(value: str | float) -> str:
