@@ -228,23 +228,10 @@ def on_own_thread(fn, *args):
     a thread that has run a parallel op keeps an OpenMP team until it ends, and libgomp shortens
     every team's spin-wait once the process holds more OpenMP threads than cores, so a team left
     on the main thread would slow whichever side runs next (see :meth:`FrameLoop.start`)."""
-    import threading
+    from concurrent.futures import ThreadPoolExecutor
 
-    out: list = []
-    failure: list[BaseException] = []
-
-    def body() -> None:
-        try:
-            out.append(fn(*args))
-        except BaseException as exc:
-            failure.append(exc)
-
-    thread = threading.Thread(target=body, name="dsm-loop-bench")
-    thread.start()
-    thread.join()
-    if failure:
-        raise failure[0]
-    return out[0]
+    with ThreadPoolExecutor(1, thread_name_prefix="dsm-loop-bench") as pool:  # (its exit joins the thread)
+        return pool.submit(fn, *args).result()
 
 
 def ref_run(ref, voice, text: str, S: int, cfg_value: float | None) -> dict[str, Any]:

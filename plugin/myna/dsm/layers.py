@@ -239,7 +239,7 @@ class Attention(nn.Module):
 
     def cross_kv(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Cross-attention keys and values of a source: src [B, S, dim] → k, v [B, H, S, Dh] (§3)."""
-        w = self.in_projs[0].weight
+        w = self._in[0].weight
         d = w.shape[0] // 3
         k, v = F.linear(src, w[d:]).chunk(2, dim=-1)
         return split_heads(k, self.n_heads), split_heads(v, self.n_heads)
@@ -247,6 +247,6 @@ class Attention(nn.Module):
     def cross(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Cross-attention of x [B, T, dim] to precomputed k, v [B, H, S, Dh], unmasked (§3); q uses
         the first third of ``in_projs.0``."""
-        w = self.in_projs[0].weight
+        w = self._in[0].weight
         q = split_heads(F.linear(x, w[: w.shape[0] // 3]), self.n_heads)
         return self.project_out(attention(q, k, v, None))
