@@ -418,29 +418,61 @@ def test_bench_dsm_loop_tiny(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("listener_ahead", [True, False])
-def test_a_joiner_runs_its_text_only_lead_in_alone(loop, voice_path, listener_ahead):
-    """A session joining a busy loop steps its lead-in (the first ``delay_steps`` steps, text only)
-    without the others: back to back while they are a frame or more ahead of real time, every
-    other step when they are not. Its tokens are those it has alone either way."""
+def test_a_joiner_steps_alone_in_the_first_row_until_its_first_audio(loop, voice_path, listener_ahead):
+    """A session joining a busy loop steps without the others until its first audio frame (its
+    text-only lead-in and the steps that fill the audio delays), moved to row 0 so that those
+    steps run at the smallest bucket: back to back while the others are a frame or more ahead of
+    real time, every other step when they are not. The tokens and audio of both sessions are
+    those they have alone, though both changed rows mid-turn."""
     text = "Jack and Jill went."
+    talk = "a long reply that keeps the talker busy " * 3
     alone = Turn(loop, voice_path, seed=3).say(text)
     drive(loop)
+    talker_alone = Turn(loop, voice_path, seed=5).say(talk)
+    drive(loop)
     first_audio = alone.session.first_audio_step + 1
-    lead_in = loop.cfg.delay_steps
-    talker = Turn(loop, voice_path, seed=5).say("a long reply that keeps the talker busy " * 4)
+    talker = Turn(loop, voice_path, seed=5).say(talk)
     drive(loop, until=lambda: len(talker.pcm) >= 3)
     if not listener_ahead:  # its listener has heard everything so far: no slack
         loop.clock.now = talker.session.first_audio_time + talker.session.steps
-    heard_before = len(talker.pcm)
+    heard_before, small_before = len(talker.pcm), loop.bucket_steps.get(1, 0)
     joiner = Turn(loop, voice_path, seed=3).say(text)
     drive(loop, until=lambda: bool(joiner.pcm))
     frames_meanwhile = len(talker.pcm) - heard_before
+    small_steps = loop.bucket_steps.get(1, 0) - small_before
     if listener_ahead:
-        assert frames_meanwhile <= first_audio - lead_in + 1
+        assert frames_meanwhile <= 1
+        assert small_steps >= first_audio - 1
     else:
-        assert first_audio - lead_in + lead_in // 2 - 1 <= frames_meanwhile <= first_audio - lead_in // 2 + 1
-    drive(loop, until=lambda: joiner.ended.is_set())
-    talker.session.cancel()
+        assert first_audio // 2 - 1 <= frames_meanwhile <= first_audio // 2 + 1
+        assert small_steps >= first_audio // 2 - 1
     drive(loop)
-    assert joiner.ends == [None] and joiner.session.tokens == alone.session.tokens
+    assert joiner.ends == [None] and talker.ends == [None]
+    assert joiner.session.tokens == alone.session.tokens
     np.testing.assert_allclose(joiner.audio, alone.audio, atol=1e-4)
+    assert talker.session.tokens == talker_alone.session.tokens
+    np.testing.assert_allclose(talker.audio, talker_alone.audio, atol=1e-4)
+
+
+def test_a_session_left_alone_in_a_high_row_steps_at_the_smallest_bucket(loop, voice_path):
+    """When the sessions in the rows below a busy one end, it moves down into the first free row,
+    so its steps run at the bucket its count needs (not the one its old row did), with the same
+    tokens and audio as alone."""
+    talk = "a reply long enough to outlast the two short ones by far"
+    alone = Turn(loop, voice_path, seed=7).say(talk)
+    drive(loop)
+    shorts = [Turn(loop, voice_path, seed=10 + i) for i in range(2)]
+    for turn in shorts:
+        turn.session.push_words(["Hi."])
+    last = Turn(loop, voice_path, seed=7)
+    loop.tick()  # admits all three: rows 0, 1, 2
+    assert last.session.admitted_step is not None and loop.busy_slots == 3
+    for turn in shorts:
+        turn.session.end_input()
+    last.say(talk)
+    drive(loop, until=lambda: all(t.ended.is_set() for t in shorts))
+    small_before, steps_before = loop.bucket_steps.get(1, 0), loop.steps
+    drive(loop)
+    assert loop.bucket_steps.get(1, 0) - small_before == loop.steps - steps_before > 0
+    assert last.session.tokens == alone.session.tokens
+    np.testing.assert_allclose(last.audio, alone.audio, atol=1e-4)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .layers import swap_rows
 from .lm import DSMLM, TemporalState
 from .sampling import noise_width, sample_token
 
@@ -72,6 +73,12 @@ class FrameState:
         self.tokens.masked_fill_(mask[:, None, None], -2)
         self.offset.masked_fill_(mask, 0)
         self.temporal.reset(mask)
+
+    def swap(self, i: int, j: int) -> None:
+        """Exchange slots i and j (``dep_cache`` is scratch, rewritten within every frame)."""
+        swap_rows(self.tokens, i, j)
+        swap_rows(self.offset, i, j)
+        self.temporal.swap(i, j)
 
     def narrow(self, n: int) -> "FrameState":
         """The first n slots, sharing storage (in-place updates of the view update this state)."""

@@ -93,6 +93,16 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2).reshape(B, T, H * D)
 
 
+def swap_rows(t: torch.Tensor, i: int, j: int, dim: int = 0) -> torch.Tensor:
+    """Exchange slots i and j of ``t`` along its batch dimension ``dim``, in place (through one
+    slot's worth of temporary memory). Returns ``t``."""
+    a, b = t.select(dim, i), t.select(dim, j)
+    kept = a.clone()
+    a.copy_(b)
+    b.copy_(kept)
+    return t
+
+
 def positional_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, context: int | None) -> torch.Tensor:
     """Causal (and windowed) attention mask, bool [B, 1, T, S]: key valid when
     ``k_pos ≥ 0`` and ``0 ≤ q_pos − k_pos < context`` (§5). q_pos: [B, T], k_pos: [B, S]."""
@@ -153,6 +163,10 @@ class RingPositions:
         """Empty the slots where ``mask`` (bool [B]) is true."""
         self.positions.masked_fill_(mask[:, None], -1)
 
+    def swap(self, i: int, j: int) -> None:
+        """Exchange slots i and j."""
+        swap_rows(self.positions, i, j)
+
     def narrow(self, n: int) -> "RingPositions":
         """The first n slots, sharing storage."""
         return RingPositions(self.positions[:n], self.capacity, self.context)
@@ -191,6 +205,11 @@ class RingKVCache:
         masked, pytorch#110213) would otherwise reach the next turn of the slot."""
         self.k.masked_fill_(mask[:, None, None, None], 0.0)
         self.v.masked_fill_(mask[:, None, None, None], 0.0)
+
+    def swap(self, i: int, j: int) -> None:
+        """Exchange the keys and values of slots i and j (the shared ring swaps its own)."""
+        swap_rows(self.k, i, j)
+        swap_rows(self.v, i, j)
 
     def narrow(self, n: int, ring: RingPositions) -> "RingKVCache":
         """The first n slots, sharing storage, indexed by ``ring`` (the narrowed shared ring)."""

@@ -20,7 +20,7 @@ from torch.nn import functional as F
 from .conditioners import ConditionProvider
 from .config import DSMConfig
 from .depformer import Depformer
-from .layers import Attention, GatedFFN, RMSNorm, RingKVCache, RingPositions, positional_mask
+from .layers import Attention, GatedFFN, RMSNorm, RingKVCache, RingPositions, positional_mask, swap_rows
 
 
 def embed(weight: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -130,6 +130,16 @@ class TemporalState:
         self.ring.reset(mask)
         for cache in self.caches:
             cache.reset(mask)
+
+    def swap(self, i: int, j: int) -> None:
+        """Exchange slots i and j: positions, caches, conditions, run flags."""
+        for t in (self.offset, self.exec_mask, self.cond_sum):
+            swap_rows(t, i, j)
+        swap_rows(self.cross_k, i, j, dim=1)
+        swap_rows(self.cross_v, i, j, dim=1)
+        self.ring.swap(i, j)
+        for cache in self.caches:
+            cache.swap(i, j)
 
     def narrow(self, n: int) -> "TemporalState":
         """The first n slots, sharing storage (in-place updates of the view update this state)."""

@@ -5,12 +5,14 @@ Sessions are *slots* of one preallocated state (:class:`~myna.dsm.frame.FrameSta
 state for ``max_batch`` slots). They join and leave between steps: joining resets the slot's
 caches and installs its conditions; a slot that cannot run this step (it waits for a word, or is
 too far ahead of real time) is frozen through the per-slot ``exec_mask``, which leaves its state
-exactly as it was. A slot's first ``delay_steps`` steps are text only: while others make audio,
-those slots step alone, so a session joining a busy loop is not held to the batch's full steps
-until its first audio (:meth:`FrameLoop._lead_in_first`). A step runs on the smallest *bucket* (a batch size from ``buckets``) that holds
-the highest busy slot, on views of the first ``bucket`` rows of the state (``narrow``), so shapes
-are static: on CUDA one graph per bucket and phase is captured at warm-up, all in one memory
-pool, and replayed while serving.
+exactly as it was. A step runs on the smallest *bucket* (a batch size from ``buckets``) that holds
+its highest running slot, on views of the first ``bucket`` rows of the state (``narrow``), so
+shapes are static: on CUDA one graph per bucket and phase is captured at warm-up, all in one
+memory pool, and replayed while serving. Slots move between rows (every tensor of the state
+exchanged, :meth:`FrameState.swap <myna.dsm.frame.FrameState.swap>`) so that busy slots fill the
+first rows, and a session that has not made its first audio yet steps alone in the first rows
+while the others are ahead of real time: a session joining a busy loop reaches its first audio
+at the small bucket's pace, not the batch's (:meth:`FrameLoop._first_audio_first`).
 
 A step is :class:`~myna.dsm.frame.FrameStep`, the same step ``DSMTTS.synthesize`` runs, and the
 host's share of it is arranged so that the device waits for the host as little as it can:
@@ -55,6 +57,7 @@ import numpy as np
 import torch
 
 from .frame import FrameState, FrameStep
+from .layers import swap_rows
 from .state_machine import Entry, TextState, script_to_entries
 from .tts import DSMTTS
 
@@ -275,6 +278,8 @@ class FrameLoop:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.steps = 0
+        #: steps run per bucket (batch size), for benchmarks and tests
+        self.bucket_steps: dict[int, int] = {}
         self.started = False
 
     # -- phases --------------------------------------------------------------------------
@@ -367,7 +372,7 @@ class FrameLoop:
         self._sampled = _Pinned((B,), torch.long, dev)
         self._pcm = _Pinned((B, self.frame_size), torch.float32, dev)
         self._text_noise_pending = False  # rows drawn at admission, not yet on the device
-        self._lead_only = False           # the last step ran only slots in their lead-in
+        self._fresh_only = False          # the last step ran only slots with no audio yet
         #: the step's phases per bucket, as run (eagerly, or replayed as CUDA graphs)
         self.phases: dict[int, dict[str, GraphPhase]] = {n: self._make_phases(n) for n in self.buckets}
 
@@ -450,7 +455,7 @@ class FrameLoop:
         self._intake()
         run, wait = self._runnable()
         if run:
-            self._step(self._lead_in_first(run))
+            self._step(self._first_audio_first(run))
             return 0.0
         self._deliver()
         return 0.0 if self._pending_work() else wait
@@ -578,31 +583,65 @@ class FrameLoop:
             run.append(slot)
         return run, wait
 
-    def _lead_in_first(self, run: list[_Slot]) -> list[_Slot]:
-        """The slots this step runs. A slot's first ``delay_steps`` steps (its lead-in) are text
-        only; in a batch where others make audio, each of them would cost a whole step (depformer,
-        Mimi), so a session joining a busy loop would reach its first audio several times later
-        than a lone one. Instead, while some runnable slots are in their lead-in and others are
-        not, the lead-in slots step alone (the text phase and a commit, the others frozen) —
-        back to back while every other running slot is at least a frame ahead of real time
-        (its listener does not notice the pause), else every other step."""
-        delay = self.cfg.delay_steps
-        lead = [slot for slot in run if slot.t < delay]
-        if lead and len(lead) < len(run):
+    def _first_audio_first(self, run: list[_Slot]) -> list[_Slot]:
+        """The slots this step runs, moved to the first rows of the state. A session's steps
+        until its first audio frame (its text-only lead-in, then the steps that fill the audio
+        delays) decide its time to first audio; stepped with a full batch they would take the
+        batch's time each, so a session joining a busy loop would reach its first audio several
+        times later than a lone one. Instead, while some runnable slots have not made audio yet
+        and others have, the former step alone in the first rows (the smallest bucket, the others
+        frozen) — back to back while every other running slot is at least a frame ahead of real
+        time (its listener does not notice the pause), else every other step. Busy slots are
+        kept in the first rows too (:meth:`_compact`)."""
+        self._compact()
+        fresh = [slot for slot in run if slot.session.first_audio_step is None]
+        if fresh and len(fresh) < len(run):
             now = self.clock()
             slack = min((slot.audio_s - (now - slot.session.first_audio_time)
                          if slot.session.first_audio_time is not None else 0.0)
-                        for slot in run if slot.t >= delay)
-            if not self._lead_only or slack >= self.frame_size / self.cfg.mimi.sample_rate:
-                self._lead_only = True
-                return lead
-        self._lead_only = False
+                        for slot in run if slot.session.first_audio_step is not None)
+            if not self._fresh_only or slack >= self.frame_size / self.cfg.mimi.sample_rate:
+                self._fresh_only = True
+                self._to_front(fresh)
+                return fresh
+        self._fresh_only = False
         return run
+
+    def _compact(self) -> None:
+        """Move the highest busy slots into free rows below them, so the busy slots hold rows
+        0 … busy − 1 and a step's bucket is no larger than the number of sessions needs."""
+        free = sorted(set(range(len(self._slots))) - set(self._slots))
+        for row in free:
+            self._swap(max(self._slots), row)
+
+    def _to_front(self, slots: list[_Slot]) -> None:
+        """Move ``slots`` to rows 0 … len(slots) − 1, exchanging them with whoever is there."""
+        rows = {slot.index for slot in slots}
+        targets = [row for row in range(len(slots)) if row not in rows]
+        movers = [slot for slot in slots if slot.index >= len(slots)]
+        for slot, row in zip(movers, targets):
+            self._swap(slot.index, row)
+
+    def _swap(self, a: int, b: int) -> None:
+        """Exchange rows a and b: the model's and Mimi's state, the next text draw (host and
+        device copies), and the slots' indices (either row may be free). Frames already in the
+        outbox keep the row they were copied from."""
+        self.fs.swap(a, b)
+        self.ms.swap(a, b)
+        self._text_noise.wait()
+        swap_rows(self._text_noise.host, a, b)
+        swap_rows(self.step.text_noise, a, b)
+        slot_a, slot_b = self._slots.pop(a, None), self._slots.pop(b, None)
+        for slot, row in ((slot_a, b), (slot_b, a)):
+            if slot is not None:
+                slot.index = row
+                self._slots[row] = slot
 
     # -- one step ------------------------------------------------------------------------
     def _step(self, run: list[_Slot]) -> None:
         cfg, tts = self.cfg, self.tts
-        n = next(b for b in self.buckets if b >= max(self._slots) + 1)
+        n = next(b for b in self.buckets if b > max(slot.index for slot in run))  # rows past n stay as they are
+        self.bucket_steps[n] = self.bucket_steps.get(n, 0) + 1
         phases = self.phases[n]
         audio_start = cfg.max_delay + cfg.delay_steps
         depformer = any(slot.t >= cfg.delay_steps for slot in run)
@@ -617,8 +656,8 @@ class FrameLoop:
                 self._mimi_exec.array[slot.index] = True
         self._exec.push(self.fs.exec_mask, n)
         self._mimi_exec.push(self.ms.exec_mask, n)
-        if self._text_noise_pending:
-            self._text_noise.push(self.step.text_noise, n)
+        if self._text_noise_pending:  # every row: an admitted slot may sit past this step's bucket
+            self._text_noise.push(self.step.text_noise, self.max_batch)
             self._text_noise_pending = False
         self._sampled.pull(phases["text"]())
 

@@ -16,7 +16,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .config import MimiConfig
-from .layers import Attention, RingKVCache, RingPositions, positional_mask
+from .layers import Attention, RingKVCache, RingPositions, positional_mask, swap_rows
 
 
 @dataclass
@@ -44,6 +44,16 @@ class MimiState:
             cache.reset(mask)
         self.offset.masked_fill_(mask, 0)
         self.exec_mask.masked_fill_(mask, True)
+
+    def swap(self, i: int, j: int) -> None:
+        """Exchange streams i and j."""
+        for buf in self.buffers.values():
+            swap_rows(buf, i, j)
+        self.ring.swap(i, j)
+        for cache in self.caches:
+            cache.swap(i, j)
+        swap_rows(self.offset, i, j)
+        swap_rows(self.exec_mask, i, j)
 
     def narrow(self, n: int) -> "MimiState":
         """The first n streams, sharing storage."""
