@@ -8,7 +8,8 @@
 #                                      file per process at a time, the longest files first), then
 #                                      the `serial` ones (bounds on real time that need the CPU)
 #                                      one at a time
-#   bash scripts/test.sh --quick       the same, all but the slow real-time tiers (livekit, browser, e2e)
+#   bash scripts/test.sh --quick       the first phase only, without the slow tiers (livekit, browser,
+#                                      e2e, and tests marked slow: over ~5 s in the parallel run)
 #   bash scripts/test.sh ARGS...       one pytest run of ARGS on one process (MYNA_TEST_WORKERS=N:
 #                                      on N), e.g. `bash scripts/test.sh tests/audio -k playout`
 set -euo pipefail
@@ -25,13 +26,15 @@ if [ $# -gt 0 ] && [ "$*" != --quick ]; then
   pytest "$@"
   exit
 fi
-tier="not serial"
-if [ "$*" = --quick ]; then tier="not serial and not (livekit or browser or e2e)"; fi
+if [ "$*" = --quick ]; then
+  MYNA_TEST_PHASE=parallel pytest -n "${MYNA_TEST_WORKERS:-4}" --dist loadfile -m "not serial and not (livekit or browser or e2e or slow)"
+  exit
+fi
 # The serial tests run once the others are done, with the machine to themselves (side by side
 # with the niced parallel phase, they passed, but the run took longer: the suite is bound by the
 # CPU, not by waiting). Either phase failing fails the run, after both have run; exit status 5
 # is "no test collected".
 status=0
-MYNA_TEST_PHASE=parallel pytest -n "${MYNA_TEST_WORKERS:-4}" --dist loadfile -m "$tier" || status=$?
-MYNA_TEST_PHASE=serial pytest -p no:xdist -m "${tier/not serial/serial}" || { s=$?; [ "$s" = 5 ] || status=$s; }
+MYNA_TEST_PHASE=parallel pytest -n "${MYNA_TEST_WORKERS:-4}" --dist loadfile -m "not serial" || status=$?
+MYNA_TEST_PHASE=serial pytest -p no:xdist -m serial || { s=$?; [ "$s" = 5 ] || status=$s; }
 exit "$status"

@@ -197,6 +197,7 @@ def test_serve_rejects_a_bad_port_in_one_line(capsys, port):
     assert "argument --port: a TCP port is a number from 1 to 65535" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 @pytest.mark.network
 def test_serve_on_a_port_in_use_says_so():
     import socket
@@ -211,6 +212,7 @@ def test_serve_on_a_port_in_use_says_so():
     assert f"cannot listen on 127.0.0.1:{port}" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["before", "after"])
 def test_log_level_is_taken_before_and_after_the_sub_command(tmp_path, where):
     """The Piper voice logs an INFO line as it loads: --log-level warning hides it either way."""
@@ -266,6 +268,7 @@ def light_worker(start_worker, uninstalled):
     w.stop()
 
 
+@pytest.mark.slow
 @pytest.mark.network
 def test_the_main_job_serves_without_pytorch(light_worker):
     import json
@@ -294,6 +297,7 @@ def _read_wav(path: Path) -> np.ndarray:
         return np.frombuffer(w.readframes(w.getnframes()), "<i2")
 
 
+@pytest.mark.slow
 @pytest.mark.network
 def test_say_server_trims_the_ttfa_silence_unless_asked_not_to(light_worker, tmp_path, no_dsm_extra):
     def say(*extra: str) -> tuple[subprocess.CompletedProcess, np.ndarray]:

@@ -45,6 +45,7 @@ def test_say_refuses_a_speed_out_of_range_before_loading(capsys, tmp_path, bad):
     assert not (tmp_path / "x.wav").exists()
 
 
+@pytest.mark.slow
 def test_say_locally_at_a_speed_and_in_a_second_voice(capsys, tmp_path, slow_voice):
     lengths = {}
     for name, extra in (("plain", []), ("fast", ["--speed", "1.5"]), ("slow", ["--voice", SLOW])):

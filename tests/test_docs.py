@@ -166,6 +166,7 @@ def scratch(tmp_path):
     return tmp_path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("snippet", RUN, ids=[s.id for s in RUN])
 def test_snippet_runs(snippet, scratch):
     if snippet.lang in SHELL:

@@ -80,6 +80,7 @@ def test_a_piper_voice_s_language_comes_from_its_config(tmp_path):
     engine.scheduler.shutdown()
 
 
+@pytest.mark.slow
 async def test_the_scripts_a_voice_reads_follow_its_language(tmp_path):
     """The "unsupported script" rule follows the voice: the English voice leaves a Cyrillic word
     out (``unsupported_language``); a voice whose config says Russian (the bundled model with

@@ -135,6 +135,7 @@ def test_the_table_names_each_systems_capacity_and_the_ratios():
     assert "default --max-sessions" not in table  # (none measured)
 
 
+@pytest.mark.slow
 @pytest.mark.network
 def test_a_real_ramp_measures_every_reply_and_reads_a_capacity(tmp_path):
     """About 70 s: a real ramp (1 then 2 conversations) plays its replies out at 1× over WebRTC."""

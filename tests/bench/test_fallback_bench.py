@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from myna.cli import main
 
 
+@pytest.mark.slow
 def test_bench_fallback_runs_every_case_and_reports_the_targets(tmp_path, capsys):
     out = tmp_path / "fallback.json"
     assert main(["bench", "fallback", "--trials", "1", "--no-wer", "--json", str(out)]) == 0

@@ -32,6 +32,7 @@ asyncio.run(main())
 """
 
 
+@pytest.mark.slow
 def test_100_cycles_over_webrtc_and_the_websocket_leave_every_count_at_its_baseline():
     """In a fresh process: the suite's own heap (models, other tests' leftovers) would blur RSS."""
     code = SOAK_CHILD.format(tests=str(Path(__file__).resolve().parents[1]))
@@ -45,6 +46,7 @@ def test_100_cycles_over_webrtc_and_the_websocket_leave_every_count_at_its_basel
     assert result["rss_growth_mb"] < 10, result
 
 
+@pytest.mark.slow
 async def test_an_idle_session_costs_a_small_fraction_of_a_core():
     """The target is 1 % of a core (``myna bench soak`` reports it: 0.6 % on this machine when
     quiet); CPU time inflates when other work shares the cores (2.12 % once, in a full

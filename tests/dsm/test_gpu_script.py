@@ -16,6 +16,7 @@ from tests.test_layout import WITHOUT_INSTALL
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_dsm.py"
 
 
+@pytest.mark.slow
 def test_cpu_smoke_run():
     pytest.importorskip("moshi")
     env = dict(os.environ, OMP_NUM_THREADS="1", NO_TORCH_COMPILE="1")

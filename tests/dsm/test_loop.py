@@ -337,6 +337,7 @@ def test_the_loop_thread_serves_sessions_from_other_threads(ours, voice_path):
         threaded.open()
 
 
+@pytest.mark.slow
 def test_the_loop_computes_on_its_own_thread_with_its_own_thread_count(ours, voice_path, monkeypatch):
     """With a thread, every model call (the warm-up included) runs on the loop thread, at the
     loop's intra-op thread count, while the caller's count and new threads' default stay."""
@@ -387,6 +388,7 @@ def test_a_failed_start_raises_and_leaves_no_thread(ours, monkeypatch):
         FrameLoop(ours, max_batch=2, threads=0)
 
 
+@pytest.mark.slow
 def test_bench_dsm_loop_tiny(tmp_path, capsys):
     import argparse
     import json
@@ -417,6 +419,7 @@ def test_bench_dsm_loop_tiny(tmp_path, capsys):
         assert join["join_wait_steps"] <= 1 and join["join_first_audio_ms"] > 0 and join["lone_first_audio_ms"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("listener_ahead", [True, False])
 def test_a_joiner_steps_alone_in_the_first_row_until_its_first_audio(loop, voice_path, listener_ahead):
     """A session joining a busy loop steps without the others until its first audio frame (its

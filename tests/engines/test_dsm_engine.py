@@ -34,6 +34,7 @@ def engine(tmp_path_factory):
 
 
 
+@pytest.mark.slow
 async def test_a_turn_streams_frames_and_words(engine):
     assert engine.tts.n_q == engine.tts.cfg.n_q  # 32 clamped to the model's
     assert engine.tts.cfg_value == "2.0"

@@ -71,6 +71,7 @@ def check(items, reason: str, most: int, rate: int) -> int:
     return at_word
 
 
+@pytest.mark.slow
 async def test_dsm_raising_mid_turn_switches_to_piper(engines):
     dsm, piper = engines
     engine = FallbackEngine(FaultyEngine(dsm, "raise", 3), piper)

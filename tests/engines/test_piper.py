@@ -26,6 +26,7 @@ def engine():
 collect = partial(collect_items, timeout=120.0)  # this module's bound (s)
 
 
+@pytest.mark.slow
 async def test_first_clause_is_synthesised_before_the_turn_ends(engine):
     units = engine.compute_stats()["units"]
     stream = engine.stream()
@@ -69,6 +70,7 @@ async def test_unknown_voice_is_a_clear_error(engine):
     assert err.value.code == "unknown_voice"
 
 
+@pytest.mark.slow
 async def test_5000_characters_without_punctuation_speak_every_word(engine):
     """About 100 s: 5,000 characters are some five minutes of speech, all synthesised here."""
     vocabulary = ["remarkable", "neighbourhood", "understanding", "conversation", "extraordinary", "information"]

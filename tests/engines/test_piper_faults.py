@@ -56,6 +56,7 @@ def errors(items) -> list[ErrorEvent]:
     return [i for i in items if isinstance(i, ErrorEvent)]
 
 
+@pytest.mark.slow
 async def test_a_unit_that_fails_twice_is_left_out_and_the_rest_is_spoken(engine, faults):
     calls = faults("Press", 2, RuntimeError("onnxruntime: bad state"))
     items = await turn(engine.stream(), "Press the buttons now. Then wait.")

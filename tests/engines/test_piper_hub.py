@@ -118,6 +118,7 @@ def test_a_voice_name_is_its_path_in_the_repo():
     assert repo_path("de_DE-thorsten_emotional-x_low") == "de/de_DE/thorsten_emotional/x_low/de_DE-thorsten_emotional-x_low.onnx"
 
 
+@pytest.mark.slow
 async def test_a_voice_name_is_fetched_into_the_cache_once_then_loads_without_the_hub(tmp_path, hub, voice_files):
     cache = tmp_path / "voices"
     model = resolve(NAME, cache, endpoint=hub.url)
@@ -186,6 +187,7 @@ def test_a_voice_in_the_cache_loads_without_the_hub_extra(tmp_path, uninstalled,
     assert proc.returncode == 0 and proc.stdout.strip() == str(tmp_path / PATH), proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.network
 def test_serve_fetches_a_voice_named_through_hf_endpoint_and_lists_it(tmp_path, hub, start_worker):
     worker = start_worker("--engine", "piper", "--phrase-cache-mb", "0", "--piper-voice", NAME,

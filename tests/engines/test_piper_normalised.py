@@ -38,6 +38,7 @@ def compared(text: str) -> str:
     return re.sub(r"\b([a-z])\s+(?=[a-z]\b)", r"\1", words(text))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)  # (60 renders and transcriptions on a shared CPU)
 async def test_the_agent_sentences_are_heard_as_intended(engine, whisper):
     """About 90 s: 60 sentences synthesised, each heard by Whisper on its own (a 30 s window each)."""

@@ -29,6 +29,7 @@ async def spoken(engine, whisper, text: str) -> tuple[str, list[str]]:
     return " ".join(s.text for s in segments).lower(), [i.word for i in items if isinstance(i, WordEvent)]
 
 
+@pytest.mark.slow
 async def test_sub_speaks_the_alias_and_captions_keep_the_written_word(engine, whisper):
     heard, words = await spoken(engine, whisper, 'The <sub alias="World Wide Web Consortium">W3C</sub> sets the standard.')
     assert words == ["The", "W3C", "sets", "the", "standard"]

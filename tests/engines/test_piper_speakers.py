@@ -74,6 +74,7 @@ async def seconds(engine, voice) -> tuple[float, list[str]]:
     return len(pcm) / engine.sample_rate, [i.word for i in items if isinstance(i, WordEvent)]
 
 
+@pytest.mark.slow
 async def test_each_speaker_is_a_voice_listed_and_spoken(engine):
     names = [v["name"] for v in engine.voice_catalogue()]
     assert names == ["en_US-joe-medium", NAME, f"{NAME}#joe", f"{NAME}#slow"]

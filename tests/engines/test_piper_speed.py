@@ -35,6 +35,7 @@ def _words(text: str) -> str:
     return " ".join("".join(c for c in w if c.isalnum()) for w in text.lower().split())
 
 
+@pytest.mark.slow
 async def test_speed_changes_the_length_and_whisper_still_hears_the_words(engine, whisper):
     """About 70 s: every sentence at three speeds, each heard by Whisper in its own 30 s window."""
     lengths, wers, said = {}, {}, {}

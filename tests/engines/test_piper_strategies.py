@@ -51,6 +51,7 @@ def test_serve_registers_the_strategies_on_one_voice():
         build_engines(EngineOptions(engines="piper,nope"))
 
 
+@pytest.mark.slow
 def test_strategies_stream_the_same_words_in_fewer_units():
     from myna.engines import AudioChunk, WordEvent
 

@@ -56,6 +56,7 @@ async def collect_text(stream, text):
     return await collect(stream)
 
 
+@pytest.mark.slow
 async def test_a_turn_speaks_in_the_voice_it_names_and_v1_voices_lists_them(engines):
     async with app_client(*engines.values()) as client:  # (loads the voices)
         piper = engines["piper"]

@@ -34,6 +34,7 @@ def whole_graph(voice: SplitVoice, phonemes) -> np.ndarray:
     return np.asarray(voice._whole.run(None, voice._feed(ids, noise=False))[0], np.float32).reshape(-1) * voice.gain
 
 
+@pytest.mark.slow
 def test_the_bundled_voice_splits_and_its_chunks_join_without_a_seam(voice):
     assert voice.split
     (phonemes,) = voice.phonemes(SENTENCE)
@@ -119,6 +120,7 @@ def test_a_graph_that_does_not_split_is_served_whole(paths, tmp_path):
     assert len(halves) == len(latent.audio)
 
 
+@pytest.mark.slow
 def test_a_seeded_voice_renders_a_text_the_same_whatever_came_before(paths):
     first, again = SplitVoice(*paths, seed=3), SplitVoice(*paths, seed=3)
     a = first.synthesize(SENTENCE)[0]

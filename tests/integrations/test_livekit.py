@@ -32,6 +32,7 @@ def pcm_of(events) -> np.ndarray:
     return np.concatenate([np.frombuffer(ev.frame.data, dtype=np.int16) for ev in events])
 
 
+@pytest.mark.slow
 async def test_stream_segments_audio_rate_and_metrics(myna_kwargs):
     tts = myna_livekit.TTS(**myna_kwargs, sample_rate=24_000)
     assert tts.capabilities.streaming and tts.sample_rate == 24_000 and tts.num_channels == 1

@@ -58,6 +58,7 @@ def _heard(whisper, pcm: np.ndarray, rate: int) -> str:
     return " ".join(s.text for s in segments)
 
 
+@pytest.mark.slow
 async def test_pipecat_openai_tts_service_speaks_through_myna(worker, whisper):
     service = OpenAITTSService(api_key="no-key-needed", base_url=worker.url + "/v1", sample_rate=RATE)
     frames = [LLMFullResponseStartFrame(), *(LLMTextFrame(t) for t in re.findall(r"\S+\s*", REPLY)),
@@ -120,6 +121,7 @@ async def test_livekit_openai_tts_plugin_speaks_in_an_agent_session_through_myna
     assert jiwer.wer(_words(REPLY), _words(_heard(whisper, pcm, RATE))) <= 0.1
 
 
+@pytest.mark.slow
 async def test_livekit_openai_tts_plugin_synthesize_streams_through_myna(worker, whisper):
     """The plug-in's public ``synthesize`` (what the session's stream adapter calls per
     sentence): audio frames arrive as the worker streams them, the first long before the last.

@@ -62,6 +62,7 @@ async def run(service, frames):
     return down
 
 
+@pytest.mark.slow
 async def test_a_streamed_reply_gives_start_audio_words_stop_in_order(myna_kwargs):
     down = await run(MynaTTSService(**myna_kwargs), llm_reply(REPLY))
     tts = [f for f in down if isinstance(f, (TTSStartedFrame, TTSAudioRawFrame, TTSStoppedFrame))]
@@ -191,6 +192,7 @@ async def test_replies_with_nothing_to_say_are_no_ops_and_the_next_reply_is_spok
     assert [f.text.strip().lower().strip(".") for f in down if isinstance(f, TTSTextFrame)] == words_of(SECOND)
 
 
+@pytest.mark.slow
 async def test_a_reply_that_pauses_after_a_sentence_speaks_the_sentence_at_once(myna_kwargs):
     """A 4.5 s pause inside one reply: the first sentence is heard before the pause ends."""
     recorder = Recorder()
@@ -254,6 +256,7 @@ FAST_REPLY = ("Your order of three blue shirts ships on Friday from our warehous
               "arrive by Tuesday next week. ") * 11  # 242 words
 
 
+@pytest.mark.slow
 @pytest.mark.network
 async def test_a_fast_llm_reply_of_1200_tokens_loses_no_word_remotely(worker):
     """The worker's message rate (200/s, burst 400) once dropped most of such a
@@ -286,6 +289,7 @@ class UpstreamErrors(FrameProcessor):
         await self.push_frame(frame, direction)
 
 
+@pytest.mark.slow
 @pytest.mark.network
 async def test_a_frozen_worker_is_an_error_frame_within_the_heartbeat_and_the_next_reply_speaks(start_worker, monkeypatch):
     """A worker frozen mid-turn (SIGSTOP) once hung the plug-in for good."""

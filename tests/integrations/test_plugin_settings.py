@@ -87,6 +87,7 @@ async def pipecat_lengths(service, frames) -> tuple[list[float], list[str]]:
     return [n / RATE for n in by_context.values()], [f.error for f in up if isinstance(f, ErrorFrame)]
 
 
+@pytest.mark.slow
 async def test_pipecat_settings_frame_changes_speed_then_voice_from_the_next_reply(kwargs):
     frames = [*llm_reply(TEXT), settings(speed=1.5), *llm_reply(TEXT), settings(voice=SLOW, speed=1.0),
               *llm_reply(TEXT)]
@@ -132,6 +133,7 @@ async def livekit_segment(tts, text: str = TEXT) -> float:
     return samples / tts.sample_rate
 
 
+@pytest.mark.slow
 async def test_livekit_update_options_changes_speed_then_voice_from_the_next_segment(kwargs):
     tts = myna_livekit.TTS(**kwargs)
     try:
@@ -147,6 +149,7 @@ async def test_livekit_update_options_changes_speed_then_voice_from_the_next_seg
     assert slow / plain > 1.2
 
 
+@pytest.mark.slow
 async def test_livekit_bad_options_raise_and_the_tts_keeps_speaking_with_the_old_ones(kwargs):
     tts = myna_livekit.TTS(**kwargs, speed=1.5)
     try:

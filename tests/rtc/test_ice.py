@@ -59,6 +59,7 @@ async def closed_within(conn: ConsentFreshConnection, seconds: float) -> float |
         return None
 
 
+@pytest.mark.slow
 async def test_a_peer_with_a_600_ms_round_trip_keeps_consent():
     a, b = await connected_pair()
     try:
@@ -68,6 +69,7 @@ async def test_a_peer_with_a_600_ms_round_trip_keeps_consent():
         await asyncio.gather(a.close(), b.close())
 
 
+@pytest.mark.slow
 async def test_lost_first_transmissions_are_retransmitted_and_answered():
     a, b = await connected_pair()
     seen: set[bytes] = set()

@@ -38,6 +38,7 @@ async def speaking_client(url: str) -> tuple[MynaClient, asyncio.Future]:
     return client, turn
 
 
+@pytest.mark.slow
 async def test_sigterm_mid_turn_finishes_the_turn_refuses_new_sessions_and_exits_0(start_worker):
     worker = start_worker("--peer-timeout", "3", "--max-sessions", "8", "--drain-timeout", "30")
     try:
@@ -71,6 +72,7 @@ async def test_sigterm_mid_turn_finishes_the_turn_refuses_new_sessions_and_exits
     assert "draining: 1 session(s) speaking" in log
 
 
+@pytest.mark.slow
 async def test_after_sigterm_every_door_s_503_says_connection_close_and_closes_the_socket(start_worker):
     """A rolling restart behind a TCP load balancer: a refused client retries on a new
     connection (perhaps to another worker) only if the refusal did not keep its connection."""
@@ -94,6 +96,7 @@ async def test_after_sigterm_every_door_s_503_says_connection_close_and_closes_t
         worker.stop()
 
 
+@pytest.mark.slow
 async def test_a_second_signal_exits_at_once(start_worker):
     worker = start_worker("--peer-timeout", "3", "--max-sessions", "8", "--drain-timeout", "30")
     try:
@@ -110,6 +113,7 @@ async def test_a_second_signal_exits_at_once(start_worker):
         worker.stop()
 
 
+@pytest.mark.slow
 def test_health_polls_leave_no_access_line_at_info_and_json_logs_parse(start_worker):
     worker = start_worker("--peer-timeout", "3", "--max-sessions", "8")
     try:

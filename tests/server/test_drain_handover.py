@@ -26,6 +26,7 @@ LONG = ("The weather today is sunny, with a light breeze from the west. Tomorrow
         "and rain after noon, so keep an umbrella close and your plans flexible.")
 
 
+@pytest.mark.slow
 async def test_sigterm_closes_idle_websockets_at_once_and_busy_ones_after_their_turn(start_worker):
     worker = start_worker("--peer-timeout", "3", "--max-sessions", "8", "--drain-timeout", "30")
     ws_url = worker.url.replace("http", "ws") + "/v1/tts/stream"

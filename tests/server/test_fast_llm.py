@@ -37,6 +37,7 @@ def ws_url(worker) -> str:
     return worker.url.replace("http", "ws") + "/v1/tts/stream"
 
 
+@pytest.mark.slow
 async def test_a_1000_token_burst_over_the_websocket_is_spoken_word_for_word(worker):
     assert len(WORDS) == 198
     tokens = tokens_of(TEXT, 1000)

@@ -63,6 +63,7 @@ async def test_a_client_frozen_mid_turn_loses_its_session_and_slot_within_the_he
     print(f"frozen client's session freed {freed_s:.1f} s after SIGSTOP (heartbeat 1 s)")
 
 
+@pytest.mark.slow
 async def test_a_worker_frozen_mid_turn_is_a_retryable_error_and_the_backend_speaks_again(start_worker, monkeypatch):
     worker = start_worker("--peer-timeout", "3", "--max-sessions", "8", "--ws-heartbeat", "1")
     try:
@@ -95,6 +96,7 @@ async def test_a_worker_frozen_mid_turn_is_a_retryable_error_and_the_backend_spe
     print(f"frozen worker: the plug-in's turn failed {failed_s:.1f} s after SIGSTOP (heartbeat 1 s)")
 
 
+@pytest.mark.slow
 async def test_the_livekit_plugin_turns_a_frozen_worker_into_a_retryable_api_error(start_worker, monkeypatch):
     pytest.importorskip("livekit.agents")
     from livekit.agents import APIConnectionError, APIConnectOptions

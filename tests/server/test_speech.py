@@ -308,6 +308,7 @@ async def test_a_whole_file_arrives_well_ahead_of_its_audio(piper_worker):
         assert piper.scheduler.background_runs > 0
 
 
+@pytest.mark.slow
 async def test_a_download_closed_early_stops_its_synthesis(piper_worker):
     """A client that closes a long download after its first bytes: the session closes and its
     queued synthesis is dropped, though the request was running ahead of real time."""

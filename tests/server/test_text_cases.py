@@ -60,6 +60,7 @@ async def connect(http, worker):
     return ws
 
 
+@pytest.mark.slow
 async def test_ws_a_finished_sentence_is_spoken_without_the_next_token(worker):
     async with aiohttp.ClientSession() as http:
         ws = await connect(http, worker)
