@@ -15,7 +15,7 @@ import pytest
 from inprocess import until
 from myna.engines import AudioChunk
 from myna.engines.piper import CHUNK_FRAMES, FIRST_CHUNK_FRAMES, PiperEngine, UnitLatent
-from myna.engines.scheduler import AHEAD_DUE_S, DeadlineScheduler, lower_thread_priority
+from myna.engines.scheduler import AHEAD_DUE_S, URGENT_NICENESS, DeadlineScheduler, lower_thread_priority
 
 
 class Clock:
@@ -94,6 +94,48 @@ async def test_a_turns_first_job_overtakes_sessions_that_have_audio_queued(busy)
     await release()
     await asyncio.gather(new, *ahead)
     assert order[0] == "first job"
+
+
+async def test_a_job_whose_deadline_has_come_takes_an_urgent_thread_while_the_others_are_busy():
+    """Every synthesis thread busy: a job due now (a turn's first) starts on an urgent thread at
+    once; a job with audio still queued waits for a synthesis thread, and so does a second due
+    job while the only urgent thread is taken."""
+    clock = Clock()
+    scheduler = DeadlineScheduler(1, "test", clock=clock, horizon_s=60.0, urgent_threads=1)
+    gate, held = await _blocked(scheduler)
+    urgent_gate, urgent_started = threading.Event(), threading.Event()
+
+    def first_job():
+        urgent_started.set()
+        urgent_gate.wait(10)
+        return threading.current_thread().name
+
+    ran: list[str] = []
+    queued = asyncio.ensure_future(scheduler.run(ran.append, "has audio queued", deadline=clock.t + 1.0))
+    first = asyncio.ensure_future(scheduler.run(first_job))  # deadline: now
+    await until(urgent_started.is_set)
+    second = asyncio.ensure_future(scheduler.run(ran.append, "second due job"))
+    await asyncio.sleep(0.01)
+    assert ran == [] and scheduler.queued == 2 and scheduler.urgent_runs == 1
+    urgent_gate.set()
+    assert (await first).startswith("test-urgent")
+    await second  # the urgent thread is free again: the due job takes it
+    assert ran == ["second due job"] and scheduler.urgent_runs == 2
+    gate.set()
+    await asyncio.gather(held, queued)
+    assert ran == ["second due job", "has audio queued"]
+    scheduler.shutdown()
+
+
+async def test_without_urgent_threads_a_due_job_waits_for_a_synthesis_thread(busy):
+    clock, scheduler, release = busy
+    ran: list[str] = []
+    first = asyncio.ensure_future(scheduler.run(ran.append, "first job"))
+    await asyncio.sleep(0.01)
+    assert ran == [] and scheduler.urgent_runs == 0
+    await release()
+    await first
+    assert ran == ["first job"]
 
 
 async def test_a_session_beyond_the_horizon_waits_even_with_an_idle_thread():
@@ -320,7 +362,7 @@ async def test_a_turns_first_chunk_holds_its_frames_of_sound_after_the_quiet_lea
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
-async def test_synthesis_threads_run_at_a_lower_priority_than_the_event_loop():
+async def test_synthesis_threads_run_at_a_lower_priority_than_the_event_loop_and_urgent_ones_between():
     own = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     scheduler = DeadlineScheduler(1, "test", niceness=5)
     nice = await scheduler.run(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
@@ -331,6 +373,13 @@ async def test_synthesis_threads_run_at_a_lower_priority_than_the_event_loop():
     nice = await piper.scheduler.run(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
     assert piper.scheduler.workers == 2 and nice == min(19, own + 10)
     piper.scheduler.shutdown()
+    urgent = DeadlineScheduler(1, "test", urgent_threads=1)
+    gate, held = await _blocked(urgent)
+    nice = await urgent.run(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+    assert nice == min(19, own + URGENT_NICENESS) and urgent.urgent_runs == 1
+    gate.set()
+    await held
+    urgent.shutdown()
     lower_thread_priority(0)  # no change asked: none made
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == own
 

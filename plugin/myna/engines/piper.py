@@ -119,6 +119,13 @@ def bundled_voice() -> tuple[Path, Path]:
 SYNTHESIS_NICENESS = 10
 
 
+#: Threads beside the synthesis threads for a turn's first jobs (and a session out of audio)
+#: when every synthesis thread is busy (:class:`~myna.engines.scheduler.DeadlineScheduler`'s
+#: urgent threads): such a job shares a core with a running chunk at a higher priority instead
+#: of waiting ~60–110 ms for the chunk to finish (:data:`CHUNK_FRAMES`).
+URGENT_THREADS = 1
+
+
 def default_workers() -> int:
     """Synthesis threads: one per core. They run at a lower priority than the event loop
     (:data:`SYNTHESIS_NICENESS`), so it keeps the core it needs for pacing and the threads use
@@ -211,7 +218,7 @@ class PiperEngine(Engine):
                 raise ValueError(f"piper voice {name!r} is at {info['sample_rate']} Hz; every voice of the engine must "
                                  f"be at the first voice's rate, {self.sample_rate} Hz")
         self.scheduler = DeadlineScheduler(workers or default_workers(), "piper", horizon_s=horizon_s,
-                                           niceness=SYNTHESIS_NICENESS)
+                                           niceness=SYNTHESIS_NICENESS, urgent_threads=URGENT_THREADS)
         self.order = TurnOrder()  # a group's turns are synthesised one after another, as they will play
         self._voice = None  # the default voice's SplitVoice once loaded
         self._voices: dict = {}  # name → SplitVoice once loaded

@@ -44,6 +44,13 @@ latent, or a chunk of its audio, and a job cannot be preempted once it runs. Whi
   A session that is being synthesised ahead and is then starved of background time falls back
   to its deadline: its job becomes due and competes like any other, so a client that plays
   it as it comes is not left without audio.
+- **Urgent jobs.** A job whose deadline has come (a turn's first job, or a session whose audio
+  has run out) while every synthesis thread runs another job does not wait for one of them to
+  finish: it starts on one of the scheduler's *urgent* threads (``urgent_threads``), which run
+  at a higher priority than the synthesis threads (:data:`URGENT_NICENESS`), so the kernel
+  gives it most of a core the running chunk also wants (CFS weights: nice 5 against nice 10 is
+  ~3:1). That is the preemption a running job cannot have: the chunk it shares a core with
+  belongs to a session with audio queued, and finishes a little later.
 - **Drop.** :meth:`DeadlineScheduler.drop` (barge-in, a closed request) removes an owner's
   queued jobs at once; their callers see :class:`asyncio.CancelledError`. A running job
   finishes, unseen.
@@ -74,6 +81,9 @@ BACKGROUND_NICENESS = 19
 AHEAD_DUE_S = 0.5
 #: How often an ahead job held by its ``ahead`` callable (False) is asked again (s).
 AHEAD_RECHECK_S = 0.05
+#: Nice value added to the urgent threads (jobs past their deadline while every synthesis
+#: thread is busy): above the synthesis threads' priority, below the event loop's.
+URGENT_NICENESS = 5
 
 
 def lower_thread_priority(niceness: int) -> None:
@@ -124,12 +134,16 @@ class DeadlineScheduler:
             0 never runs a job beyond the horizon.
         background_niceness: added to each background thread's nice value (default
             :data:`BACKGROUND_NICENESS`: the lowest priority there is).
+        urgent_threads: threads for jobs past their deadline while every synthesis thread is
+            busy (default 0: they wait for one).
+        urgent_niceness: added to each urgent thread's nice value (default :data:`URGENT_NICENESS`).
     """
 
     def __init__(self, workers: int, thread_name_prefix: str, *, horizon_s: float = HORIZON_S,
                  clock: Callable[[], float] = time.monotonic,
                  call_later: Callable[[float, Callable[[], None]], object] | None = None, niceness: int = 0,
-                 background_threads: int | None = None, background_niceness: int = BACKGROUND_NICENESS):
+                 background_threads: int | None = None, background_niceness: int = BACKGROUND_NICENESS,
+                 urgent_threads: int = 0, urgent_niceness: int = URGENT_NICENESS):
         if workers < 1:
             raise ValueError("a scheduler needs at least one worker thread")
         self.workers = workers
@@ -143,15 +157,22 @@ class DeadlineScheduler:
         self._background = ThreadPoolExecutor(max_workers=max(1, self.background_threads),
                                               thread_name_prefix=f"{thread_name_prefix}-bg",
                                               initializer=lower_thread_priority, initargs=(background_niceness,))
+        self.urgent_threads = max(0, urgent_threads)
+        self._urgent = ThreadPoolExecutor(max_workers=max(1, self.urgent_threads),
+                                          thread_name_prefix=f"{thread_name_prefix}-urgent",
+                                          initializer=lower_thread_priority, initargs=(urgent_niceness,))
         self._queue: list[_Job] = []  # a heap: jobs the horizon holds
         self._ahead: list[_Job] = []  # a heap: jobs that may run ahead of it
         self._seq = itertools.count()
         self._running = 0  # jobs on the synthesis threads
         self._running_background = 0  # jobs on the background threads
+        self._running_urgent = 0  # jobs on the urgent threads
         self._timer = None  # pending wake-up for a job held by the horizon
         self._timer_at = float("inf")
         #: Jobs started beyond the horizon since start-up (ahead jobs run as background work).
         self.background_runs = 0
+        #: Jobs started on an urgent thread since start-up.
+        self.urgent_runs = 0
 
     @property
     def queued(self) -> int:
@@ -194,8 +215,9 @@ class DeadlineScheduler:
 
     def dispatch(self) -> None:
         """Start queued jobs: on free synthesis threads every *due* job (within the horizon; an
-        ahead job within :data:`AHEAD_DUE_S` of its deadline), earliest deadline first; then,
-        when no due job waits, ahead jobs on free background threads, earliest deadline first.
+        ahead job within :data:`AHEAD_DUE_S` of its deadline), earliest deadline first; on free
+        urgent threads those whose deadline has come; then, when no due job waits, ahead jobs on
+        free background threads, earliest deadline first.
 
         Called on submission, when a job finishes and when a job held by the horizon comes
         within it; calling it at any other time is harmless.
@@ -205,7 +227,12 @@ class DeadlineScheduler:
             job = self._earliest_due(now)
             if job is None:
                 break
-            self._start(job, background=False)
+            self._start(job, "synthesis")
+        while self._running_urgent < self.urgent_threads:
+            job = self._earliest_due(now)
+            if job is None or job.deadline > now:
+                break
+            self._start(job, "urgent")
         if self._earliest_due(now) is not None:
             return  # a due job waits for a synthesis thread: nothing goes before it
         held = False  # an ahead job its callable holds back (asked again soon)
@@ -224,7 +251,7 @@ class DeadlineScheduler:
                 self._ahead = [job for job in self._ahead if job not in started]
                 heapq.heapify(self._ahead)
                 for job in started:
-                    self._start(job, background=True)
+                    self._start(job, "background")
         due_in = [heap[0].deadline - lead - now for heap, lead in self._heaps_and_leads() if heap]
         if due_in:
             self._wake_in(min(due_in))
@@ -245,17 +272,23 @@ class DeadlineScheduler:
         the horizon, ahead jobs :data:`AHEAD_DUE_S`."""
         return (self._queue, self.horizon_s), (self._ahead, AHEAD_DUE_S)
 
-    def _start(self, job: _Job, background: bool) -> None:
-        if not background:
-            heapq.heappop(self._queue if self._queue and self._queue[0] is job else self._ahead)
-            self._running += 1
-            pool = self._pool
-        else:
+    def _start(self, job: _Job, kind: str) -> None:
+        """Run ``job`` on a thread of ``kind``: "synthesis", "urgent" or "background"."""
+        if kind == "background":
             self._running_background += 1
             self.background_runs += 1
             pool = self._background
+        else:
+            heapq.heappop(self._queue if self._queue and self._queue[0] is job else self._ahead)
+            if kind == "urgent":
+                self._running_urgent += 1
+                self.urgent_runs += 1
+                pool = self._urgent
+            else:
+                self._running += 1
+                pool = self._pool
         done = asyncio.wrap_future(pool.submit(job.fn, *job.args))
-        done.add_done_callback(lambda d, future=job.future: self._finished(d, future, background))
+        done.add_done_callback(lambda d, future=job.future: self._finished(d, future, kind))
 
     def _wake_in(self, delay: float) -> None:
         at = self._clock() + delay
@@ -271,9 +304,11 @@ class DeadlineScheduler:
         self._timer, self._timer_at = None, float("inf")
         self.dispatch()
 
-    def _finished(self, done: asyncio.Future, future: asyncio.Future, background: bool) -> None:
-        if background:
+    def _finished(self, done: asyncio.Future, future: asyncio.Future, kind: str) -> None:
+        if kind == "background":
             self._running_background -= 1
+        elif kind == "urgent":
+            self._running_urgent -= 1
         else:
             self._running -= 1
         if not future.done():
@@ -295,3 +330,4 @@ class DeadlineScheduler:
             self._timer.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._background.shutdown(wait=False, cancel_futures=True)
+        self._urgent.shutdown(wait=False, cancel_futures=True)
