@@ -121,15 +121,24 @@ def test_capacity_is_the_largest_step_that_holds():
     assert cap.capacity([]) == 0
 
 
+def test_held_through_is_the_last_step_before_the_first_that_broke():
+    rows = [{"sessions": n, "holds": h} for n, h in [(2, True), (4, True), (6, False), (8, True), (10, False)]]
+    assert cap.held_through(rows) == 4 and cap.held_through(rows[::-1]) == 4
+    assert cap.held_through(rows[:2]) == 4
+    assert cap.held_through([{"sessions": 2, "holds": False}, {"sessions": 4, "holds": True}]) == 0
+    assert cap.held_through([]) == 0
+
+
 def test_the_table_names_each_systems_capacity_and_the_ratios():
     row = {**cap.summarise(_step([_reply(150.0)] * 40)), "worker_pct": 40.0}
     row.pop("_replies")
     result = {"bound_ms": 250.0, "max_gaps_per_min": 1.0, "replies_per_step": 40, "cores": 2,
-              "systems": [{"label": "myna", "capacity": 8, "rows": [row]},
+              "systems": [{"label": "myna", "capacity": 8, "held_through": 6, "rows": [row]},
                           {"label": "pipecat-token", "capacity": 2, "rows": [row]},
                           {"label": "pipecat-sentence", "capacity": 0, "rows": []}]}
     table = cap.format_table(result)
-    assert "capacity myna: 8 conversations" in table and "myna / pipecat-token: 4.00×" in table
+    assert "capacity myna: 8 conversations (every step held up to 6)" in table
+    assert "myna / pipecat-token: 4.00×" in table and "capacity pipecat-token: 2 conversations\n" in table
     assert "myna / pipecat-sentence: ∞" in table
     assert "| myna | 4 | 40 | 150 | 150 |" in table
     assert "default --max-sessions" not in table  # (none measured)
@@ -152,5 +161,5 @@ def test_a_real_ramp_measures_every_reply_and_reads_a_capacity(tmp_path):
         assert row["replies"] >= 2 and row["lost"] == 0 and row["refused"] == 0
         assert 20.0 < row["ttfa_ms"]["p50"] < 2000.0 and row["speech_min"] > 0
         assert row["worker_pct"] > 0.0 and row["clients_pct"] > 0.0
-    assert myna["capacity"] == cap.capacity(myna["rows"])
+    assert myna["capacity"] == cap.capacity(myna["rows"]) and myna["held_through"] == cap.held_through(myna["rows"])
     assert f"capacity myna: {myna['capacity']} conversations" in proc.stdout
