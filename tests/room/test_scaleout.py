@@ -89,6 +89,12 @@ async def test_rooms_hosted_on_either_node_are_served(livekit_cluster, workers):
 async def test_a_busy_worker_is_skipped_and_a_stopped_worker_leaves_the_other_serving(livekit_cluster, workers):
     ws, ids = workers
     node = livekit_cluster[0]
+    # Both workers free, and the servers told so, before the dispatch: a room whose dispatch
+    # finds every worker full is never dispatched again ("no servers available"), and the rooms
+    # of the test before may still hold a worker for a few seconds after their callers left.
+    for w in ws:
+        await wait_until(lambda w=w: w.load() == 0.0)
+    await asyncio.sleep(4.0)  # workers report their status every 2.5 s
     busy_room = room_name()
     async with RoomClient(node.url, token(busy_room, "alice", agent_dispatch=AGENT)) as busy:
         busy_worker = ids.index(busy.myna().attributes["myna.worker"])
