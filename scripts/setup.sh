@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up Myna in ./.venv on a fresh machine:
 #   bash scripts/setup.sh            the main job: the worker with the embedded voice (no PyTorch)
-#   bash scripts/setup.sh EXTRA...   add extras: dsm (PyTorch, several GB), pipecat, livekit, bench, hub, docs
+#   bash scripts/setup.sh EXTRA...   add extras: dsm (PyTorch, several GB), pipecat, race (the page's Pipecat lanes),
+#                                    livekit, bench, hub, docs
 #   bash scripts/setup.sh dev        everything the tests need (all of the above, Chromium included)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -139,6 +139,38 @@ def test_config_normalise_is_true_or_false(value, ok):
         assert caught.value.code == "bad_config" and "normalise" in caught.value.message
 
 
+@pytest.mark.parametrize(("value", "ok"), [(True, True), (False, True), (None, True), ("false", False), (1, False)])
+def test_phrase_cache_is_true_or_false_in_config_and_request_data(value, ok):
+    from myna.messages import parse_turn_defaults
+
+    raw = json.dumps({"type": "config", "phrase_cache": value})
+    if ok:
+        assert parse_message(raw, config=True).phrase_cache == value
+        assert parse_turn_defaults({"phrase_cache": value}).phrase_cache is (value is not False)
+    else:
+        for parse in (lambda: parse_message(raw, config=True), lambda: parse_turn_defaults({"phrase_cache": value})):
+            with pytest.raises(BadMessage) as caught:
+                parse()
+            assert caught.value.code == "bad_config" and "phrase_cache" in caught.value.message
+
+
+async def test_a_session_without_the_phrase_cache_opens_every_turn_without_it():
+    opened: list = []
+
+    class Recording(ToneEngine):
+        def stream(self, voice=None, group=None) -> ToneStream:
+            stream = ToneStream(self)
+            opened.append(stream)
+            return stream
+
+    for defaults, expected in (({}, True), ({"phrase_cache": False}, False)):
+        opened.clear()
+        s = session([], engine=Recording(), **defaults)
+        s.handle(parse_message(json.dumps({"type": "text", "turn_id": "t", "text": "Hi."})))
+        await s.close()
+        assert [stream.phrase_cache_on for stream in opened] == [expected]
+
+
 def test_a_text_streams_attributes_are_read_as_a_text_messages_options():
     from myna.messages import stream_turn_options
 

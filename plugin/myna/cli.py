@@ -49,6 +49,9 @@ def _add_serve(sub) -> None:
                         "it is dropped and its session freed (0: none; default: %(default)s)")
     p.add_argument("--livekit-url", metavar="WS_URL", help="add the page's \"via LiveKit room\" lane through this LiveKit "
                                                            "server (LIVEKIT_API_KEY and LIVEKIT_API_SECRET from the environment)")
+    p.add_argument("--no-pipecat-lane", dest="pipecat_lane", action="store_false",
+                   help="leave out the page's Pipecat lanes (Pipecat's own SmallWebRTC + PiperTTSService in a child "
+                        "process started on the page's first offer; offered where pipecat-ai[piper] is installed)")
     add_engine_arguments(p, engines=SERVE_ENGINES)
     g = p.add_argument_group("access (tokens)")
     g.add_argument("--api-key", default=os.environ.get("MYNA_API_KEY"),
@@ -75,6 +78,7 @@ def _serve(args: argparse.Namespace) -> int:
     from myna.rtc.ice import enable_loopback_candidates, is_loopback_host, set_peer_timeout
     from myna.server.app import Worker, create_app
     from myna.server.auth import Authenticator
+    from myna.server.pipecat_lane import add_pipecat_lane
     from myna.server.room_lane import add_room_lane
     from myna.sessions import limits_from_args
 
@@ -86,7 +90,8 @@ def _serve(args: argparse.Namespace) -> int:
                          "could use it. Set --api-key/--api-secret (mint tokens with `myna token`), or pass --insecure.")
     short_secret_notice(args.api_secret, "the API secret (--api-secret, MYNA_API_SECRET)")
     engines = build_engines(EngineOptions.from_args(args))
-    if args.ice_loopback or is_loopback_host(args.host):
+    loopback = args.ice_loopback or is_loopback_host(args.host)
+    if loopback:
         enable_loopback_candidates()
     set_peer_timeout(args.peer_timeout)
     worker = Worker(engines=engines, ice_servers=args.ice_server, connect_timeout=args.connect_timeout,
@@ -95,6 +100,8 @@ def _serve(args: argparse.Namespace) -> int:
                     auth=Authenticator(*keys) if all(keys) else None, measure_capacity=args.max_sessions is None)
     app = create_app(worker)
     add_room_lane(app, worker, args.livekit_url)  # POST /api/room, GET /vendor/livekit-client.mjs
+    if args.pipecat_lane:
+        add_pipecat_lane(app, worker, loopback)  # GET /api/pipecat, POST /api/pipecat/offer
     return asyncio.run(run_server(app, worker, args.host, args.port, drain_timeout=args.drain_timeout))
 
 

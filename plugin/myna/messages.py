@@ -118,6 +118,7 @@ class Config:
     speed: float | None = None  # the session's default pace (0.5 to 2.0)
     lexicon: object = None  # the session's lexicon (a myna.text.lexicon.Lexicon; None: the process's only)
     normalise: bool | None = None  # False: words reach the engine as written (myna.text.normaliser)
+    phrase_cache: bool | None = None  # False: no turn is answered from the phrase cache
 
 
 Message = Text | EndTurn | Interrupt | Cancel | Commit | Pause | Resume | Config
@@ -131,7 +132,8 @@ class TurnDefaults:
     voice's own pace × this, :data:`MIN_SPEED` to :data:`MAX_SPEED`; ``lexicon``: the session's
     pronunciation lexicon (a :class:`myna.text.lexicon.Lexicon`), applied before the process's
     (None: the process's only); ``normalise``: say numbers, dates, codes in words
-    (:mod:`myna.text.normaliser`), False: as written.
+    (:mod:`myna.text.normaliser`), False: as written; ``phrase_cache``: turns may be answered from
+    the engine's phrase cache (:mod:`myna.engines.phrase_cache`), False: every turn is synthesised.
 
     Raises:
         EngineError: ``bad_speed`` for a speed out of range.
@@ -141,14 +143,16 @@ class TurnDefaults:
     speed: float = 1.0
     lexicon: object = None
     normalise: bool = True
+    phrase_cache: bool = True
 
     def __post_init__(self):
         object.__setattr__(self, "speed", check_speed(self.speed))
 
     def updated(self, *, voice: str | None = None, speed: float | None = None, lexicon=None,
-                normalise: bool | None = None) -> "TurnDefaults":
+                normalise: bool | None = None, phrase_cache: bool | None = None) -> "TurnDefaults":
         """These defaults with the given ones replaced (None: kept)."""
-        changes = {"voice": voice, "speed": speed, "lexicon": lexicon, "normalise": normalise}
+        changes = {"voice": voice, "speed": speed, "lexicon": lexicon, "normalise": normalise,
+                   "phrase_cache": phrase_cache}
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
 
 
@@ -273,23 +277,23 @@ def _config(obj: dict) -> Config:
     if fmt in ("pcm_mulaw", "pcm_alaw") and rate not in (None, 8000):
         raise BadMessage("bad_config", f'"{fmt}" is G.711: its "sample_rate" is 8000 Hz')
     return Config(engine, voice, rate, fmt, _speed(obj.get("speed")), _lexicon(obj.get("lexicon")),
-                  _normalise(obj.get("normalise")))
+                  _flag(obj, "normalise"), _flag(obj, "phrase_cache"))
 
 
 def parse_turn_defaults(obj: dict, base: TurnDefaults = TurnDefaults()) -> TurnDefaults:
-    """``base`` with the ``voice``, ``speed``, ``lexicon`` and ``normalise`` of a JSON object
-    (an offer's ``request_data``, a LiveKit dispatch's metadata) — the rules of ``config``.
+    """``base`` with the ``voice``, ``speed``, ``lexicon``, ``normalise`` and ``phrase_cache`` of a
+    JSON object (an offer's ``request_data``, a LiveKit dispatch's metadata) — the rules of ``config``.
     The voice is not checked against an engine here (the door does: ``unknown_voice``).
 
     Raises:
-        BadMessage: ``bad_config`` (a voice that is not a string, a normalise that is not a
-            boolean), ``bad_speed``, ``bad_lexicon``.
+        BadMessage: ``bad_config`` (a voice that is not a string, a normalise or phrase_cache
+            that is not a boolean), ``bad_speed``, ``bad_lexicon``.
     """
     voice = obj.get("voice")
     if not isinstance(voice, (str, type(None))):
         raise BadMessage("bad_config", '"voice" must be a string')
     return base.updated(voice=voice, speed=_speed(obj.get("speed")), lexicon=_lexicon(obj.get("lexicon")),
-                        normalise=_normalise(obj.get("normalise")))
+                        normalise=_flag(obj, "normalise"), phrase_cache=_flag(obj, "phrase_cache"))
 
 
 def _lexicon(value: object):
@@ -304,9 +308,11 @@ def _lexicon(value: object):
         raise BadMessage("bad_lexicon", str(exc)) from None
 
 
-def _normalise(value: object) -> bool | None:
+def _flag(obj: dict, name: str) -> bool | None:
+    """A session option that is true or false (``normalise``, ``phrase_cache``), or None."""
+    value = obj.get(name)
     if value is not None and not isinstance(value, bool):
-        raise BadMessage("bad_config", '"normalise" must be true or false')
+        raise BadMessage("bad_config", f'"{name}" must be true or false')
     return value
 
 

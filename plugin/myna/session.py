@@ -340,6 +340,8 @@ class Session:
                 raise
         if not self.defaults.normalise:
             stream.set_normalise(False)
+        if not self.defaults.phrase_cache:
+            stream.set_phrase_cache(False)
         loop = asyncio.get_running_loop()
         turn = _Turn(turn_id, stream, text_at=self.clock(), sender=sender, last_text_at=loop.time(), prepared=prepare)
         self._turns[turn_id] = turn

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -32,7 +33,7 @@ pytestmark = [pytest.mark.network, pytest.mark.browser]
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
-SENTENCE = "Thanks for calling! Your table for four is booked at seven tonight."
+SENTENCE = "Your table for four is booked at seven tonight, and I've added a note about the birthday cake."
 
 if not os.path.exists(CHROMIUM):
     pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium)", allow_module_level=True)
@@ -195,6 +196,16 @@ def test_token_chunks_match_the_python_client(page):
 STRATEGIES = ["piper", "piper-sentence", "piper-whole"]
 
 
+def _pipecat_installed() -> bool:
+    from myna.extras import MissingExtra, require
+
+    try:
+        require("race")
+    except MissingExtra:
+        return False
+    return True
+
+
 def _lane(name: str) -> str:
     return f'#lanes .lane[data-lane="{name}"]'
 
@@ -263,17 +274,22 @@ def test_race_every_lane_finishes(page, server):
     """A race across the embedded voice's strategies, each lane its own session."""
     pg, console = page
     _fresh(pg, server)
-    _connected(pg)
-    # No DSM engine is loaded here: its lane says so in neutral words, with the command that
-    # adds it, and stays out of the race.
+    _connected(pg, 60_000)
+    # No DSM engine is loaded here: its lane says so in neutral words, what it needs in plain
+    # words, and the command that adds it (one a user can run as it is), and stays out of the race.
     dsm = _lane("dsm")
     assert pg.get_attribute(dsm, "data-state") == "unavailable"
     assert pg.get_attribute(f"{dsm} .lane-toggle", "aria-checked") == "false"
     assert pg.inner_text(f"{dsm} .lane-state").strip() == "not loaded on this worker"
     assert pg.eval_on_selector(f"{dsm} .lane-state", "e => getComputedStyle(e).color") != "rgb(180, 35, 24)"  # not error red
+    needs = pg.inner_text(f"{dsm} .lane-needs")
+    assert "PyTorch" in needs and "kyutai/tts-1.6b-en_fr" in needs and "GPU" in needs
     command = pg.inner_text(f"{dsm} .lane-how code").strip()
-    assert command == ("bash scripts/setup.sh dsm && .venv/bin/myna serve --engine piper,piper-sentence,piper-whole,dsm "
-                       "--dsm-checkpoint CHECKPOINT --voice VOICE.safetensors")
+    assert command.startswith("bash scripts/setup.sh dsm hub && .venv/bin/myna serve --engine piper,piper-sentence,piper-whole,dsm "
+                              "--dsm-checkpoint kyutai/tts-1.6b-en_fr --voice hf://kyutai/tts-voices/")
+    assert "CHECKPOINT" not in command and "VOICE" not in command
+    _fresh(pg, f"{server}/?lanes={','.join(STRATEGIES)}")
+    _connected(pg)
     assert pg.inner_text("#race").strip() == "Race 3 lanes"
 
     for run in (1, 2):
@@ -290,6 +306,7 @@ def test_race_every_lane_finishes(page, server):
             assert _number(pg, f"{lane} .preroll") is not None
             words = pg.eval_on_selector_all(f"{lane} .captions .word", "els => els.map(e => e.textContent)")
             assert len(words) >= 6 and "table" in [w.lower() for w in words], (run, name, words)
+            assert "tonight," in words and words[-1] == "cake.", (run, name, words)  # as written: punctuation kept
         ranks = sorted(pg.get_attribute(_lane(n), "data-rank") for n in STRATEGIES)
         assert ranks == ["1", "2", "3"]
         assert pg.locator("#lanes .lane.winner").count() == 1
@@ -606,7 +623,165 @@ def test_the_readme_names_the_pages_buttons(page, server):
     assert {"Race 3 lanes", "Stop", "Speak"} <= set(named), named
     _fresh(pg, server)
     _connected(pg)
-    assert pg.inner_text("#race").strip() == "Race 3 lanes" and pg.inner_text("#stop").strip() == "Stop"
+    # The main job's page races 3 lanes; with Pipecat's lanes installed (`setup.sh race`, which the
+    # README names beside it) 5.
+    lanes = 3 + 2 * _pipecat_installed()
+    assert pg.inner_text("#race").strip() == f"Race {lanes} lanes" and pg.inner_text("#stop").strip() == "Stop"
+    assert "bash scripts/setup.sh race" in quick
     _fresh(pg, f"{server}/?lanes=piper")
     _connected(pg)
     assert pg.inner_text("#race").strip() == "Speak"
+
+
+# -- racing the field: Pipecat's own pipeline and any OpenAI-compatible server ----------------
+def _states(page, names) -> dict:
+    return {name: page.get_attribute(_lane(name), "data-state") for name in names}
+
+
+@pytest.mark.slow
+def test_myna_and_pipecats_own_pipeline_race_side_by_side(page, server):
+    """?lanes=piper,pipecat: Pipecat's SmallWebRTC + PiperTTSService (its code, in the worker's
+    child process) races Myna on the same text and clock; both lanes show a TTFA."""
+    if not _pipecat_installed():
+        pytest.skip("pipecat-ai[piper] is not installed (bash scripts/setup.sh race)")
+    pg, console = page
+    _fresh(pg, f"{server}/?lanes=piper,pipecat,openai&preset=long")
+    _connected(pg, 60_000)  # the first offer starts Pipecat's peer: seconds
+    assert pg.inner_text("#race").strip() == "Race 3 lanes"
+    pg.click("#race")
+    _race_done(pg, 120_000)
+    lanes = ["piper", "pipecat", "openai"]
+    assert _states(pg, lanes) == dict.fromkeys(lanes, "done"), pg.inner_text("#lanes")
+    ttfa = {name: _number(pg, f"{_lane(name)} .ttfa") for name in lanes}
+    assert all(v is not None and 0 < v < 30_000 for v in ttfa.values()), ttfa
+    assert _number(pg, f"{_lane('pipecat')} .server") is not None  # its first_audio event came through
+    assert sorted(_history(pg)) == sorted(lanes)
+    ARTIFACTS.mkdir(exist_ok=True)
+    pg.screenshot(path=str(ARTIFACTS / "race-field.png"), full_page=True)
+    assert console.errors == []
+
+
+def test_an_openai_compatible_lane_races_the_workers_own_v1(page, server):
+    pg, console = page
+    _fresh(pg, f"{server}/?lanes=piper,openai")
+    _connected(pg)
+    assert pg.inner_text("#speech-where") == "this worker's /v1"
+    pg.click("#race")
+    _race_done(pg)
+    assert _states(pg, ["piper", "openai"]) == {"piper": "done", "openai": "done"}, pg.inner_text("#lanes")
+    perceived, first_byte = _number(pg, f"{_lane('openai')} .ttfa"), _number(pg, f"{_lane('openai')} .server")
+    assert perceived is not None and first_byte is not None and 0 < first_byte < perceived < 30_000
+    assert _number(pg, f"{_lane('openai')} .audio-ms") > 3000  # the whole reply, sentence by sentence
+    assert console.errors == []
+
+
+def test_a_dead_openai_url_is_named_on_its_lane_and_the_others_still_race(browser, server):
+    with socket.socket() as dead:  # a port nothing answers on
+        dead.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{dead.getsockname()[1]}/v1"
+    pg = browser.new_page()
+    try:
+        pg.goto(f"{server}/?lanes=piper")
+        pg.evaluate("localStorage.clear()")  # (the history is the browser's: earlier tests raced)
+        t0 = time.monotonic()
+        pg.goto(f"{server}/?lanes=piper,openai&openai_url={url}")
+        pg.wait_for_function("() => document.querySelector('.lane[data-lane=openai]').dataset.state === 'retrying'",
+                             timeout=5_000)
+        assert time.monotonic() - t0 < 5
+        said = pg.inner_text(f"{_lane('openai')} .lane-state")
+        assert f"cannot reach {url}" in said and "CORS" in said, said
+        pg.wait_for_function("() => !document.getElementById('race').disabled", timeout=20_000)
+        assert pg.inner_text("#race").strip() == "Speak"  # the lane that answers races on its own
+        assert "not reachable: OpenAI API" in pg.inner_text("#status-text")
+        pg.click("#race")
+        _race_done(pg)
+        assert pg.get_attribute(_lane("piper"), "data-state") == "done"
+        assert list(_history(pg)) == ["piper"]
+    finally:
+        pg.close()
+
+
+def test_the_race_waits_for_a_lane_still_connecting_and_names_it(browser, server):
+    """A lane whose server accepts the connection but has not answered yet holds the race button
+    ("Waiting for …"); once it fails (4 s) the others race without it."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # the kernel accepts; nobody ever answers
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/v1"
+        pg = browser.new_page()
+        try:
+            pg.goto(f"{server}/?lanes=piper,openai&openai_url={url}")
+            pg.wait_for_function("() => document.querySelector('.lane[data-lane=piper]').dataset.state === 'ready'",
+                                 timeout=20_000)
+            if pg.get_attribute(_lane("openai"), "data-state") == "connecting":  # (4 s: nearly always)
+                assert pg.is_disabled("#race")
+                assert pg.inner_text("#race").strip() == "Waiting for OpenAI API…"
+            pg.wait_for_function("() => !document.getElementById('race').disabled", timeout=10_000)
+            assert pg.inner_text("#race").strip() == "Speak"
+            assert "no answer" in pg.inner_text(f"{_lane('openai')} .lane-state")
+        finally:
+            pg.close()
+
+
+def test_a_link_restores_the_race_settings_and_never_carries_the_key(page, server):
+    pg, _ = page
+    _fresh(pg, f"{server}/?lanes=piper,piper-whole,openai")
+    _connected(pg)
+    pg.click('[data-preset="numbers"]')
+    pg.select_option("#rate", "60")
+    pg.select_option("#speed", "1.25")
+    pg.check("#phrase-cache")
+    pg.click("#speech-settings summary")
+    pg.fill("#speech-key", "sk-secret-123")
+    pg.fill("#speech-voice", "nova")
+    pg.click("#speech-form button[type=submit]")
+    link = pg.evaluate("() => window.myna.permalink()")
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(link).query)
+    assert query == {"lanes": ["piper,piper-whole,openai"], "preset": ["numbers"], "rate": ["60"], "speed": ["1.25"],
+                     "cache": ["1"], "openai_voice": ["nova"]}, query
+    assert "sk-secret" not in link
+    other = pg.context.new_page()  # (same browser: the key stays in the first tab's sessionStorage)
+    try:
+        other.goto(link)
+        other.wait_for_selector('#status[data-state="connected"]', timeout=20_000)
+        assert other.input_value("#text").startswith("Your order 4521 ships")
+        assert other.input_value("#rate") == "60" and other.input_value("#speed") == "1.25"
+        assert other.is_checked("#phrase-cache") and other.input_value("#speech-voice") == "nova"
+        assert other.input_value("#speech-key") == ""
+        assert other.get_attribute(_lane("piper-sentence"), "data-state") == "off"
+    finally:
+        other.close()
+
+
+def _cache_hits(server: str) -> float:
+    with urllib.request.urlopen(f"{server}/metrics", timeout=5) as res:
+        metrics = res.read().decode()
+    return sum(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("myna_phrase_cache_hits_total"))
+
+
+def test_races_synthesise_afresh_unless_the_phrase_cache_is_ticked_and_the_chart_exports(page, server):
+    """The page's sessions say phrase_cache: false, so a repeated race is synthesised again (no
+    hit); ticked, the same race is answered from the cache. The chart of the races is an SVG."""
+    pg, console = page
+    text = "Our courier comes on Thursday, between nine and one."
+    _fresh(pg, f"{server}/?lanes=piper&rate=0&text={urllib.parse.quote(text)}")
+    _connected(pg)
+    assert not pg.is_checked("#phrase-cache")
+    before = _cache_hits(server)
+    for _ in range(2):
+        previous = _race_id(pg)
+        pg.click("#race")
+        _race_done(pg, after=previous)
+    assert _cache_hits(server) == before
+    pg.check("#phrase-cache")  # the lanes reconnect with the cache
+    _connected(pg)
+    for _ in range(2):
+        previous = _race_id(pg)
+        pg.click("#race")
+        _race_done(pg, after=previous)
+    assert _cache_hits(server) > before
+    with pg.expect_download() as download:
+        pg.click("#export-chart")
+    svg = Path(download.value.path()).read_text()
+    assert svg.startswith("<svg") and "Piper · clause" in svg and "over 4 races" in svg
+    assert console.errors == []

@@ -200,6 +200,30 @@ async def test_a_cached_turn_sounds_and_reads_exactly_like_a_synthesised_one(tex
     assert any(isinstance(i, AudioChunk) for i in again) and any(isinstance(i, WordEvent) for i in again)
 
 
+async def test_a_turn_with_the_cache_off_is_synthesised_and_stores_nothing():
+    """``phrase_cache: false`` (a session's option; the race page's default): a text the cache
+    holds is synthesised again, and a new text is not stored."""
+    engine = await started(PhraseCache(10_000_000))
+    said = await turn(engine, ["Your table is booked."])
+    units = list(engine.synthesised)
+    entries = len(engine.phrase_cache)
+
+    def off() -> object:
+        stream = engine.stream()
+        stream.set_phrase_cache(False)
+        return stream
+
+    for text in ("Your table is booked.", "Never said before."):
+        stream = off()
+        stream.push_text(text)
+        stream.end_input()
+        items = await asyncio.wait_for(_items(stream), 30)
+        if text == "Your table is booked.":
+            assert same_items(items, said)
+    assert engine.synthesised == units + units + ["Never said before."]
+    assert engine.phrase_cache.hits == 0 and len(engine.phrase_cache) == entries
+
+
 async def test_an_engine_behind_a_fallback_still_uses_the_cache():
     """``myna serve --fallback`` wraps the engines: the wrapped engine is warmed and answered from
     the cache as without a fallback (the wrapper took no part, so the cache was silently off)."""

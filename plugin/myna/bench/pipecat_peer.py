@@ -21,7 +21,8 @@ signaling) gets one Pipecat pipeline, built the way a Pipecat user builds a voic
   then keeps recording until the audio queued in the transport has played out).
 
 Perceived TTFA is measured at the client on the received audio, by the same onset rule as for
-Myna (:mod:`myna.audio.onset`). Loopback only: no STUN, 127.0.0.1 host candidates.
+Myna (:mod:`myna.audio.onset`). No STUN; 127.0.0.1 host candidates unless ``--any-interface``.
+The race page's Pipecat lanes run this same peer (:mod:`myna.server.pipecat_lane`).
 """
 
 from __future__ import annotations
@@ -191,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="myna.bench.pipecat_peer", description=__doc__.split("\n\n")[0])
     p.add_argument("--port", type=int, required=True)
+    p.add_argument("--any-interface", action="store_true",
+                   help="offer ICE candidates of every interface (default: loopback only, a client on this machine)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     from loguru import logger
@@ -198,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     logger.remove()  # Pipecat logs every frame at DEBUG; keep warnings, but not one per text message
     logger.add(lambda message: print(message, end=""), level="WARNING",
                filter=lambda record: "not RTVI message" not in record["message"])
-    enable_loopback_candidates()
+    if not args.any_interface:
+        enable_loopback_candidates()
     web.run_app(create_app(), host="127.0.0.1", port=args.port, print=None)
     return 0
 

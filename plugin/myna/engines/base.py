@@ -226,6 +226,7 @@ class SynthesisStream(abc.ABC):
         self._reported_scripts: set[str] = set()
         self._input_ended = False
         self._cancelled = False
+        self.phrase_cache_on = True  # set_phrase_cache
 
     # -- caller side -------------------------------------------------------------------
     def set_lexicon(self, lexicon) -> None:
@@ -250,6 +251,13 @@ class SynthesisStream(abc.ABC):
         said in words: :mod:`myna.text.normaliser`; the default) or given to the voice as
         written (the session's ``normalise: false``); call before the first text."""
         self._intake.normalise = on
+
+    def set_phrase_cache(self, on: bool) -> None:
+        """Whether this turn may be answered from the engine's phrase cache, and fill it (the
+        default; :mod:`myna.engines.phrase_cache`), or is synthesised afresh (the session's
+        ``phrase_cache: false``: a benchmark or a race that repeats its text); call before the
+        first text."""
+        self.phrase_cache_on = on
 
     def push_text(self, chunk: str) -> None:
         """Add a chunk of the turn's text (any split, any size).

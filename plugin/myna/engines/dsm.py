@@ -211,7 +211,7 @@ class DSMStream(SynthesisStream):
     def _from_cache(self) -> bool:
         """Speak the whole turn from the phrase cache if it holds it (True), else record the
         turn's audio to store it once it has finished."""
-        cache, key = self.engine._cache()
+        cache, key = self.engine._cache() if self.phrase_cache_on else (None, "")
         if cache is None:
             return False
         hit = cache.get(key, self._voice_key(), " ".join(self._words))

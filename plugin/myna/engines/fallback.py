@@ -233,6 +233,9 @@ class FallbackStream(SynthesisStream):
     def set_normalise(self, on: bool) -> None:
         self._here_and_active("set_normalise", on)
 
+    def set_phrase_cache(self, on: bool) -> None:
+        self._here_and_active("set_phrase_cache", on)
+
     def _here_and_active(self, setting: str, value) -> None:
         """A turn setting here (a fallback's stream resumes from a copy of this intake) and on
         the active stream."""
@@ -435,6 +438,7 @@ class FallbackStream(SynthesisStream):
         """The fallback's stream for the rest of the turn, made active."""
         stream = self._engine.fallback.stream(None, self._group)
         quiet_for = None if self._text_at is None else self._now() - self._text_at
+        stream.set_phrase_cache(self.phrase_cache_on)
         stream.resume(self._unheard(), copy.deepcopy(self._intake), quiet_for)
         if self._input_ended:
             stream.end_input()

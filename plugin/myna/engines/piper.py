@@ -693,7 +693,7 @@ class PiperStream(SynthesisStream):
             if self._guess[0] == text:
                 return
             self._drop_guess()  # the word went on ("boo" + "ked"): guess again
-        cache = self._engine.phrase_cache
+        cache = self._engine.phrase_cache if self.phrase_cache_on else None
         if cache is not None and cache.get(self._engine.name, self._cache_key(), text) is not None:
             return
         job = self._engine.scheduler.run(self._engine.encode_unit, text, self.speed, self.voice,
@@ -835,7 +835,7 @@ class PiperStream(SynthesisStream):
         """Synthesise one unit and emit it chunk by chunk, from the phrase cache when it holds
         the unit; None when the unit was left out."""
         engine, rate = self._engine, self._engine.sample_rate
-        cache = engine.phrase_cache
+        cache = engine.phrase_cache if self.phrase_cache_on else None
         key = self._cache_key()
         guessed = await self._guessed(unit)
         hit = cache.get(engine.name, key, unit.text) if cache is not None and guessed is None else None

@@ -75,6 +75,10 @@ class BridgedStream:
         """Normalise the turn's words or not (:meth:`myna.engines.SynthesisStream.set_normalise`)."""
         self._call("set_normalise", on)
 
+    def set_phrase_cache(self, on: bool) -> None:
+        """Answer the turn from the phrase cache or not (:meth:`myna.engines.SynthesisStream.set_phrase_cache`)."""
+        self._call("set_phrase_cache", on)
+
     def set_lexicon(self, lexicon) -> None:
         """The turn's own lexicon (:meth:`myna.engines.SynthesisStream.set_lexicon`)."""
         self._call("set_lexicon", lexicon)

@@ -41,6 +41,9 @@ The request body (JSON):
   ``unsupported_stream_format``.
 - ``normalise`` (Myna's, not OpenAI's): ``false`` reads the input as written (no phone
   numbers, dates, units or codes said in words: :mod:`myna.text.normaliser`); default true.
+- ``phrase_cache`` (Myna's): ``false`` synthesises every unit, none from the worker's phrase
+  cache (:mod:`myna.engines.phrase_cache`; the race page sends it unless its cache box is
+  ticked); default true.
 
 Input with nothing to speak. An ``input`` that is non-empty but has nothing speakable in it
 (``"👍"``, ``"…"``, ``":)"``, only markup: the text front end leaves no word) is answered, not
@@ -195,8 +198,10 @@ class SpeechRequest:
                               "stream_format")
         self.sse = stream_format == "sse"
         self.normalise = body.get("normalise", True)
-        if not isinstance(self.normalise, bool):
-            raise SpeechError(400, "bad_request", '"normalise" must be true or false', "normalise")
+        self.phrase_cache = body.get("phrase_cache", True)
+        for name in ("normalise", "phrase_cache"):
+            if not isinstance(getattr(self, name), bool):
+                raise SpeechError(400, "bad_request", f'"{name}" must be true or false', name)
         instructions = body.get("instructions")
         if instructions is not None and not isinstance(instructions, str):
             raise SpeechError(400, "bad_request", '"instructions" must be a string', "instructions")
@@ -229,7 +234,7 @@ class SpeechTurn:
         self.session: Session = worker.sessions.open(
             engine, lambda s: UnpacedOutput.for_session(s, self, self._fmt.rate,
                                                         ahead=lambda: self._queued <= MAX_QUEUED_AUDIO_BYTES // 2),
-            self._event, defaults=TurnDefaults(voice=voice, normalise=request.normalise))
+            self._event, defaults=TurnDefaults(voice=voice, normalise=request.normalise, phrase_cache=request.phrase_cache))
 
     # -- the session's sinks ------------------------------------------------------------------
     def put_audio(self, turn_id: str, pcm: bytes) -> None:

@@ -266,7 +266,8 @@ class StreamConnection:
         self.engine, self.format = engine, fmt
         # (the voice is the chosen engine's: its default when config names none)
         self.defaults = replace(self.defaults, voice=voice).updated(speed=config.speed, lexicon=config.lexicon,
-                                                                    normalise=config.normalise)
+                                                                    normalise=config.normalise,
+                                                                    phrase_cache=config.phrase_cache)
         self.sample_rate = config.sample_rate or (engine.sample_rate if fmt == "pcm_s16le" else G711_RATE)
         self.outbox.put_event(self.ready_event())
 

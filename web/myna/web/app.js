@@ -5,11 +5,13 @@
 // URL parameters: ?lanes=piper,piper-whole picks the lanes in the race (?engine=NAME, one lane,
 // also works); ?voice=NAME asks every lane for that voice.
 
-import { ROOM_LANE, ROOM_LANE_INFO, RoomLane, roomLaneAvailable } from "./room-lane.js";
+import { ROOM_LANE, ROOM_LANE_INFO, RoomLane } from "./room-lane.js";
 import { Lane, audioContext, SAMPLE_RATE } from "./lane.js";
+import { SpeechLane } from "./speech-lane.js";
 import { longSilences, placeGaps, LONG_SILENCE_MS } from "./gaps.js";
 import { summary, winnerOf, MIN_SAMPLES } from "./stats.js";
 import { tokenChunks } from "./tokens.js";
+import { ttfaChart } from "./chart.js";
 import { askForToken, authHeaders, hasToken } from "./auth.js";
 
 const $ = (id) => document.getElementById(id);
@@ -21,6 +23,7 @@ const ui = {
   voice: $("voice"),
   speed: $("speed"),
   listen: $("listen"),
+  phraseCache: $("phrase-cache"),
   race: $("race"),
   stop: $("stop"),
   raceStatus: $("race-status"),
@@ -32,11 +35,20 @@ const ui = {
   historyEmpty: $("history-empty"),
   historySummary: $("history-summary"),
   exportButton: $("export"),
+  chartButton: $("export-chart"),
+  linkButton: $("copy-link"),
+  speechForm: $("speech-form"),
+  speechUrl: $("speech-url"),
+  speechKey: $("speech-key"),
+  speechModel: $("speech-model"),
+  speechVoice: $("speech-voice"),
+  speechWhere: $("speech-where"),
   clearButton: $("clear"),
 };
 
 const HEALTH_EVERY_MS = 2000;
 const RECONNECT_EVERY_MS = 2500;
+const SPEECH_RETRY_EVERY_MS = 10_000;
 const RACE_TIMEOUT_MS = 90_000;
 const HISTORY_KEY = "myna.race.history.v1";
 const HISTORY_MAX = 500;
@@ -44,20 +56,39 @@ const LEVEL_FRAMES = 512; // the tap reports a level every 512 frames (onset-wor
 const LEVEL_MS = (LEVEL_FRAMES / SAMPLE_RATE) * 1000;
 const NARROW = window.matchMedia("(max-width: 640px)"); // a phone: the lanes scroll into view on a race
 
-/** Lanes the page knows how to describe; other engines the worker lists get a plain lane. */
+/** Lanes the page knows how to describe; other engines the worker lists get a plain lane.
+ * kind: "engine" (a Myna engine over WebRTC, available when the worker loaded it), "pipecat"
+ * (Pipecat's own pipeline, GET /api/pipecat), "room" (room-lane.js, GET /api/room) or "speech"
+ * (any OpenAI-compatible /v1/audio/speech, speech-lane.js). `needs`: what a missing lane needs,
+ * in words, and `setup`/`flags` the command that adds it. */
 const KNOWN = {
   dsm: {
-    title: "DSM", desc: "word by word (delayed streams)", color: "#d4900f",
-    setup: "bash scripts/setup.sh dsm", flags: "--dsm-checkpoint CHECKPOINT --voice VOICE.safetensors",
+    kind: "engine", title: "DSM", desc: "word by word (delayed streams)", color: "#d4900f",
+    needs: "needs PyTorch and Kyutai's released TTS weights (kyutai/tts-1.6b-en_fr and a voice from kyutai/tts-voices, " +
+      "about 4 GB downloaded from Hugging Face on first start); real time needs a GPU",
+    setup: "bash scripts/setup.sh dsm hub",
+    flags: "--dsm-checkpoint kyutai/tts-1.6b-en_fr --voice hf://kyutai/tts-voices/expresso/ex03-ex01_happy_001_channel1_334s.wav.1e68beda@240.safetensors",
   },
-  piper: { title: "Piper · clause", desc: "embedded voice, streamed by clause", color: "#2f6fd6" },
-  "piper-sentence": { title: "Piper · sentence", desc: "embedded voice, streamed by sentence", color: "#8b46d9" },
-  "piper-whole": { title: "Piper · whole reply", desc: "embedded voice, synthesised once the reply is complete", color: "#0f8a7e" },
+  piper: { kind: "engine", title: "Piper · clause", desc: "embedded voice, streamed by clause", color: "#2f6fd6" },
+  "piper-sentence": { kind: "engine", title: "Piper · sentence", desc: "embedded voice, streamed by sentence", color: "#8b46d9" },
+  "piper-whole": { kind: "engine", title: "Piper · whole reply", desc: "embedded voice, synthesised once the reply is complete", color: "#0f8a7e" },
+  pipecat: {
+    kind: "pipecat", engine: "sentence", title: "Pipecat · default", color: "#be185d",
+    desc: "Pipecat's SmallWebRTC + PiperTTSService, same voice, its default sentence aggregation",
+    absent: "not installed on this worker", setup: "bash scripts/setup.sh race",
+  },
+  "pipecat-token": {
+    kind: "pipecat", engine: "token", title: "Pipecat · token", color: "#9d174d",
+    desc: "Pipecat's SmallWebRTC + PiperTTSService, same voice, token aggregation",
+    absent: "not installed on this worker", setup: "bash scripts/setup.sh race",
+  },
+  openai: { kind: "speech", title: "OpenAI API", desc: "POST /v1/audio/speech, a request per sentence", color: "#4d7c0f" },
 };
 const FALLBACK_COLORS = ["#c2410c", "#4d7c0f", "#be185d", "#475569"];
 
 const PRESETS = {
-  short: "Thanks for calling! Your table for four is booked at seven tonight.",
+  // The first clause is not a common opening, so what clause streaming buys shows in the first race.
+  short: "Your table for four is booked at seven tonight, and I've added a note about the birthday cake.",
   long:
     "Sure, I can help with that. I found three flights that leave tomorrow morning: the first departs at six fifteen, " +
     "the second at eight, and the third just before ten. The eight o'clock flight is the cheapest, and it still gets " +
@@ -65,6 +96,8 @@ const PRESETS = {
   numbers:
     "Your order 4521 ships on March 3rd, 2026 and should arrive by Friday the 6th; the total is $149.99, " +
     "or 3 payments of $50 at 0% interest.",
+  // A common opening: the phrase cache's case (tick "Phrase cache" to hear it answered from memory).
+  opening: "Thanks for calling! Your table for four is booked at seven tonight.",
 };
 
 const params = new URLSearchParams(location.search);
@@ -75,17 +108,90 @@ const requested = (params.get("lanes") || params.get("engine") || "")
   .filter(Boolean);
 
 const health = { state: "checking", engines: [], voices: null }; // voices: GET /v1/voices, once ready
-let roomLane = false; // the worker offers the "via LiveKit room" lane (room-lane.js)
+/** What the worker's lane routes said: kind → {available, error?} (null until asked). */
+const offered = { pipecat: null, room: null };
 /** @type {Map<string, object>} name → lane entry (see addLane) */
 const entries = new Map();
 let race = null; // the race in progress (or the last one)
 let raceCount = 0;
 let history = loadHistory();
 
+// -- the OpenAI-compatible lane's server ------------------------------------------------------
+const SPEECH_KEY = "myna.race.speech-key"; // sessionStorage: this tab only
+const OWN_SPEECH = `${location.origin}/v1`;
+
+/** Where the OpenAI-compatible lane sends: the link's ?openai_url / _model / _voice, else this
+ * worker's /v1; the key from this tab's sessionStorage (never from or into a link). */
+function speechSettings() {
+  let apiKey = "";
+  try {
+    apiKey = sessionStorage.getItem(SPEECH_KEY) || "";
+  } catch {
+    /* storage off: the key lives in the form only */
+  }
+  const baseUrl = ui.speechUrl.value || params.get("openai_url") || OWN_SPEECH;
+  return {
+    baseUrl,
+    // This worker's own endpoint takes Myna's phrase_cache field; another server gets OpenAI's fields only.
+    extra: baseUrl.replace(/\/+$/, "") === OWN_SPEECH ? { phrase_cache: ui.phraseCache.checked } : {},
+    apiKey: ui.speechKey.value || apiKey,
+    model: ui.speechModel.value || params.get("openai_model") || "tts-1",
+    voice: ui.speechVoice.value || params.get("openai_voice") || "alloy",
+  };
+}
+
+function showSpeechSettings() {
+  const settings = speechSettings();
+  ui.speechUrl.value = settings.baseUrl;
+  ui.speechKey.value = settings.apiKey;
+  ui.speechModel.value = settings.model;
+  ui.speechVoice.value = settings.voice;
+  const where = settings.baseUrl === OWN_SPEECH ? "this worker's /v1" : settings.baseUrl;
+  ui.speechWhere.textContent = where;
+  const entry = entries.get("openai");
+  if (entry) {
+    entry.li.querySelector(".lane-desc").textContent = `${where}: POST /audio/speech, a request per sentence`;
+  }
+}
+
+ui.speechForm.addEventListener("submit", (e) => {
+  e.preventDefault();
+  try {
+    if (ui.speechKey.value) sessionStorage.setItem(SPEECH_KEY, ui.speechKey.value);
+    else sessionStorage.removeItem(SPEECH_KEY);
+  } catch {
+    /* storage off */
+  }
+  const entry = entries.get("openai") || addLane("openai");
+  entry.lane.configure(speechSettings());
+  entry.settled = false;
+  entry.lastConnect = -Infinity;
+  showSpeechSettings();
+  if (!race?.running) connectLane(entry);
+  renderControls();
+});
+
+// -- the phrase cache: off unless ticked (?cache=1), so a repeated race synthesises afresh ------
+ui.phraseCache.checked = params.get("cache") === "1";
+ui.phraseCache.addEventListener("change", () => {
+  for (const entry of entries.values()) {
+    if (entry.info.kind === "engine") entry.lane.session.phrase_cache = ui.phraseCache.checked;
+    else if (entry.info.kind === "speech") entry.lane.configure(speechSettings());
+    else continue;
+    if (entry.lane.state === "connected") {
+      entry.settled = false;
+      entry.lastConnect = -Infinity;
+      connectLane(entry);
+    }
+  }
+  renderControls();
+});
+
 // -- lanes ---------------------------------------------------------------------------------
 function addLane(name) {
   if (entries.has(name)) return entries.get(name);
-  const info = KNOWN[name] || (name === ROOM_LANE && ROOM_LANE_INFO) || { title: name, desc: "engine", color: FALLBACK_COLORS[entries.size % FALLBACK_COLORS.length] };
+  const info = KNOWN[name] || (name === ROOM_LANE && { kind: "room", ...ROOM_LANE_INFO }) ||
+    { kind: "engine", title: name, desc: "engine", color: FALLBACK_COLORS[entries.size % FALLBACK_COLORS.length] };
   const li = ui.template.content.firstElementChild.cloneNode(true);
   li.dataset.lane = name;
   li.style.setProperty("--lane", info.color);
@@ -107,7 +213,8 @@ function addLane(name) {
       gapsFact: li.querySelector(".gaps-fact"),
       underruns: li.querySelector(".underruns"),
       how: li.querySelector(".lane-how"),
-      transport: li.querySelector(".transport"),
+      delivery: li.querySelector(".delivery"),
+      deliveryFact: li.querySelector(".delivery-fact"),
       audio: li.querySelector(".audio-ms"),
       state: li.querySelector(".lane-state"),
       rank: li.querySelector(".rank"),
@@ -115,14 +222,19 @@ function addLane(name) {
       captions: li.querySelector(".captions"),
     },
     enabled: requested.length ? requested.includes(name) : true,
-    lane: name === ROOM_LANE ? new RoomLane({ voice, label: name, muted: true }) : new Lane({ engine: name, voice, label: name, muted: true }),
-    available: null, // true / false once the worker's engine list is known
+    lane: makeLane(name, info),
+    available: null, // true / false once the worker's engine list (or the lane's own route) has said
+    why: null, // why an unavailable lane cannot run here, in words (from its route)
+    settled: false, // has connected or failed at least once: the race no longer waits for it
     lastConnect: -Infinity,
     turn: null, // this lane's turn in the current race
     levels: [], // [ms since send, peak] of the current race
     rank: null,
   };
   entry.el.how.querySelector("code").textContent = startCommand(entry);
+  if (info.kind === "speech") {
+    li.querySelector(".server-fact").title = "The first sentence's request → the first byte of its response (the endpoint reports nothing else)";
+  }
   toggle.addEventListener("click", () => {
     if (entry.available === false || race?.running) return;
     entry.enabled = !entry.enabled;
@@ -131,6 +243,7 @@ function addLane(name) {
   });
   const { lane } = entry;
   lane.addEventListener("state", () => {
+    if (["connected", "failed", "engine-missing"].includes(lane.state)) entry.settled = true;
     onLaneState(entry);
     renderLane(entry);
     renderControls();
@@ -144,6 +257,19 @@ function addLane(name) {
   addListenOption(entry);
   renderLane(entry);
   return entry;
+}
+
+/** The lane object of a kind (see KNOWN): each speaks the same events to this page. */
+function makeLane(name, info) {
+  if (info.kind === "room") return new RoomLane({ voice, label: name, muted: true });
+  if (info.kind === "speech") return new SpeechLane({ ...speechSettings(), label: name, muted: true });
+  if (info.kind === "pipecat") {
+    // Pipecat's turn_done comes when its TTS stops, with seconds of audio still queued in its
+    // transport: wait longer for the onset and for the tail to play out.
+    return new Lane({ engine: info.engine, label: name, muted: true, offerPath: "/api/pipecat/offer",
+                      noOnsetGraceMs: 10_000, quietAfterMs: 600, tailLimitMs: 30_000 });
+  }
+  return new Lane({ engine: name, voice, label: name, muted: true, session: { phrase_cache: ui.phraseCache.checked } });
 }
 
 function insertSorted(li) {
@@ -161,11 +287,15 @@ function addListenOption(entry) {
   ui.listen.append(entry.listenOption);
 }
 
-/** The command that starts a worker with this lane's engine next to the ones loaded now. */
+/** The one command that adds this lane: its set-up, then a worker with its engine (or flags)
+ * beside the engines loaded now. A room lane needs only its set-up (the worker keeps its flags). */
 function startCommand(entry) {
-  const engines = [...new Set([...(health.engines.length ? health.engines : ["piper", "piper-sentence", "piper-whole"]), entry.name])];
-  const serve = `.venv/bin/myna serve --engine ${engines.join(",")}${entry.info.flags ? ` ${entry.info.flags}` : ""}`;
-  return entry.info.setup ? `${entry.info.setup} && ${serve}` : serve;
+  const { kind, setup, flags } = entry.info;
+  if (kind === "room") return ROOM_LANE_INFO.setup;
+  const loaded = health.engines.length ? health.engines : ["piper", "piper-sentence", "piper-whole"];
+  const engines = kind === "engine" ? [...new Set([...loaded, entry.name])] : loaded;
+  const serve = `.venv/bin/myna serve --engine ${engines.join(",")}${flags ? ` ${flags}` : ""}`;
+  return setup ? `${setup} && ${serve}` : serve;
 }
 
 function laneState(entry) {
@@ -210,8 +340,9 @@ function renderLane(entry) {
   li.classList.toggle("disabled", !entry.enabled || absent || state === "offline");
   toggle.setAttribute("aria-checked", String(entry.enabled && !absent));
   toggle.disabled = absent || state === "offline";
-  let text = STATE_TEXT[state];
+  let text = state === "unavailable" && entry.info.absent ? entry.info.absent : STATE_TEXT[state];
   if (state === "error" && entry.turn?.error) text = `error: ${entry.turn.error.message || entry.turn.error.code}`;
+  if (state === "retrying" && entry.lane.message) text = `${entry.lane.message} · retrying`;
   const winner = race && !race.running ? race.winner : null;
   if (state === "done" && entry.rank > 1 && winner?.turn && race.landed[0] === winner) {
     text += ` · ${msText(entry.turn.perceivedTtfaMs - winner.turn.perceivedTtfaMs)} ms behind ${winner.info.title}`;
@@ -220,9 +351,10 @@ function renderLane(entry) {
   }
   el.state.textContent = text;
   el.how.hidden = !absent;
+  el.how.querySelector(".lane-needs").textContent = entry.why ? `${entry.why.replace(/\.$/, "")}. ` : "";
   el.how.querySelector("code").textContent = startCommand(entry);
   if (entry.listenOption) entry.listenOption.disabled = absent;
-  el.state.title = absent ? `The worker did not load the engine "${entry.name}"` : "";
+  el.state.title = absent ? entry.why || `The worker did not load the engine "${entry.name}"` : entry.lane.message || "";
   const turn = entry.turn;
   const live = !!(turn && race?.running && !turn.final && turn.status !== "error");
   setNumber(el.ttfa, turn?.perceivedTtfaMs, live);
@@ -230,8 +362,7 @@ function renderLane(entry) {
   setFact(el.preroll, turn?.preRollMs, live);
   renderGaps(entry, live);
   setCount(el.underruns, turn?.underruns, live);
-  const transport = turn && turn.perceivedTtfaMs !== null && turn.serverTtfaMs !== null ? turn.perceivedTtfaMs - turn.serverTtfaMs : null;
-  setFact(el.transport, transport, live);
+  renderDelivery(entry, live);
   setFact(el.audio, turn?.audioMs, live);
   const rank = entry.rank;
   el.rank.textContent = rank ? `#${rank}` : "";
@@ -251,6 +382,23 @@ function turnGaps(entry) {
   const overlaps = ([a, da]) => (reported || []).some(([b, db]) => a < b + db + LEVEL_MS && b < a + da + LEVEL_MS);
   const extra = measured.filter((g) => !overlaps(g));
   return { reported, measured, marks: [...(reported || []), ...extra], summary: turn.gapMs };
+}
+
+/** Delivery: perceived minus server TTFA, what happened between the worker's first audio frame
+ * and this page's first audible sample; with the jitter buffer's share where the browser says. */
+function renderDelivery(entry, live) {
+  const turn = entry.turn;
+  const { delivery: dd, deliveryFact } = entry.el;
+  const value = turn && turn.perceivedTtfaMs !== null && turn.serverTtfaMs !== null ? turn.perceivedTtfaMs - turn.serverTtfaMs : null;
+  setFact(dd, value, live);
+  const jb = turn?.jitterBufferMs;
+  if (value !== null && jb !== null && jb !== undefined) dd.textContent = `${msText(value)} ms · JB ${msText(jb)}`;
+  dd.dataset.jitterBuffer = jb === null || jb === undefined ? "" : String(round1(jb));
+  deliveryFact.title = entry.info.kind === "speech"
+    ? "Perceived TTFA minus the first response's time to its first byte: the wait for the first sentence to be written, and playback"
+    : "Perceived minus server TTFA: the network, the browser's jitter buffer (JB: the mean wait of this turn's samples, " +
+      "from getStats), decoding and this page's audio thread. On one machine it grows when the CPU is busy (many lanes, " +
+      "a busy browser); across a network, with its delay and jitter.";
 }
 
 function renderGaps(entry, live) {
@@ -347,10 +495,29 @@ function onWord(entry, { turn, word, start_ms }) {
   if (!race || turn !== entry.turn) return;
   const span = document.createElement("span");
   span.className = "word";
-  span.textContent = word;
+  span.textContent = asWritten(entry, word);
   span.dataset.start = String(start_ms ?? 0);
   entry.el.captions.append(span, " ");
   entry.captionsDirty = true;
+}
+
+const bare = (w) => w.toLowerCase().replace(/[^\p{L}\p{N}]/gu, "");
+const CAPTION_LOOKAHEAD = 4; // written words a spoken word may skip (a number said in several words)
+
+/** A spoken word (the worker's `word` event: normalised, no punctuation) as the reply wrote it,
+ * punctuation kept: matched to the next written words of the race's text in order; a word
+ * the text does not have as written ("four" of "4521") is shown as spoken. */
+function asWritten(entry, word) {
+  const written = race.words || (race.words = race.text.split(/\s+/).filter(Boolean));
+  const at = entry.captionAt || 0;
+  const key = bare(word);
+  for (let i = at; key && i < Math.min(written.length, at + CAPTION_LOOKAHEAD); i++) {
+    if (bare(written[i]) === key) {
+      entry.captionAt = i + 1;
+      return written[i];
+    }
+  }
+  return word;
 }
 
 function onLevel(entry, { frame, peak }) {
@@ -402,6 +569,7 @@ async function startRace() {
     entry.turn = null;
     entry.rank = null;
     entry.levels = [];
+    entry.captionAt = 0;
     entry.el.captions.replaceChildren();
     renderLane(entry);
   }
@@ -459,6 +627,7 @@ function finishRace(timedOut = false) {
       server_ttfa_ms: round1(t.serverTtfaMs),
       pre_roll_ms: round1(t.preRollMs),
       audio_ms: round1(t.audioMs),
+      jitter_buffer_ms: round1(t.jitterBufferMs), // the browser's (getStats), WebRTC lanes
       underruns: t.underruns ?? null,
       gap_ms: t.gapMs ?? null, // the worker's, when it reports gaps
       long_silences_ms: gaps ? gaps.measured.map(([at, d]) => [round1(at), round1(d)]) : [], // measured here
@@ -597,7 +766,7 @@ function renderHistory() {
     }),
   );
   ui.historyEmpty.hidden = names.length > 0;
-  ui.exportButton.disabled = ui.clearButton.disabled = history.length === 0;
+  ui.exportButton.disabled = ui.clearButton.disabled = ui.chartButton.disabled = history.length === 0;
   ui.historySummary.textContent = history.length ? `${history.length} race${history.length > 1 ? "s" : ""} · perceived TTFA in ms` : "";
 }
 
@@ -614,14 +783,35 @@ function exportJSON() {
 }
 
 ui.exportButton.addEventListener("click", () => {
-  const blob = new Blob([JSON.stringify(exportJSON(), null, 2)], { type: "application/json" });
+  download(new Blob([JSON.stringify(exportJSON(), null, 2)], { type: "application/json" }),
+           `myna-race-${new Date().toISOString().replace(/[:.]/g, "-")}.json`);
+});
+/** The history's chart (chart.js): TTFA median and IQR per lane, as an SVG document. */
+function chartSVG() {
+  const stats = historySummary();
+  const lanes = Object.entries(stats).map(([name, st]) => {
+    const info = entries.get(name)?.info || KNOWN[name] || { title: name, color: "#888" };
+    const p = st.perceived_ttfa_ms;
+    return { title: info.title, color: info.color, n: st.n, p50: p.p50, p25: p.p25, p75: p.p75 };
+  });
+  const last = history[history.length - 1];
+  const note = `median (bar) and p25–p75 (whisker) over ${history.length} race${history.length === 1 ? "" : "s"}, ms` +
+    (last ? ` · ${last.token_rate ? `${last.token_rate} tokens/s` : "sent whole"} · ${navigator.userAgent.match(/Chrom\w+\/\d+/)?.[0] || "browser"}` : "");
+  return ttfaChart(lanes, { note });
+}
+
+function download(blob, name) {
   const a = document.createElement("a");
   a.href = URL.createObjectURL(blob);
-  a.download = `myna-race-${new Date().toISOString().replace(/[:.]/g, "-")}.json`;
+  a.download = name;
   document.body.append(a);
   a.click();
   a.remove();
   setTimeout(() => URL.revokeObjectURL(a.href), 10_000);
+}
+
+ui.chartButton.addEventListener("click", () => {
+  download(new Blob([chartSVG()], { type: "image/svg+xml" }), `myna-race-${new Date().toISOString().replace(/[:.]/g, "-")}.svg`);
 });
 ui.clearButton.addEventListener("click", () => {
   if (!history.length) return;
@@ -636,6 +826,9 @@ function renderControls() {
   const wanted = [...entries.values()].filter((e) => e.enabled && e.available !== false);
   const missing = [...entries.values()].filter((e) => e.enabled && (e.available === false || e.lane.state === "engine-missing"));
   const enabled = racers();
+  // The race waits for every wanted lane's first connection (a Pipecat lane starts its peer on
+  // the first offer: seconds); a lane that has failed since races no more until it is back.
+  const waiting = health.state === "ready" ? wanted.filter((e) => !e.settled && e.available !== null) : [];
   let state;
   let text;
   if (health.state === "down") [state, text] = ["down", "Server down · retrying"];
@@ -644,14 +837,20 @@ function renderControls() {
     [state, text] = ["missing", missing.length ? `Engine missing: ${missing.map((e) => e.name).join(", ")}` : "No lane selected"];
   else if (enabled.length && enabled.length === wanted.length)
     [state, text] = ["connected", `Connected · ${enabled.length} lane${enabled.length > 1 ? "s" : ""}`];
-  else if (enabled.length) [state, text] = ["connecting", `Connecting · ${enabled.length}/${wanted.length} lanes`];
+  else if (enabled.length && !waiting.length) {
+    const down = wanted.filter((e) => !enabled.includes(e)).map((e) => e.info.title);
+    [state, text] = ["partial", `Connected · ${enabled.length} lane${enabled.length > 1 ? "s" : ""} · not reachable: ${down.join(", ")}`];
+  } else if (enabled.length) [state, text] = ["connecting", `Connecting · ${enabled.length}/${wanted.length} lanes`];
   else [state, text] = ["connecting", "Connecting…"];
   ui.status.dataset.state = state;
   ui.statusText.textContent = text;
   const running = !!race?.running;
-  ui.race.disabled = !enabled.length || health.state === "down";
-  ui.race.textContent = running ? "Race again" : enabled.length === 1 ? "Speak" : enabled.length ? `Race ${enabled.length} lanes` : "Race";
+  ui.race.disabled = !enabled.length || waiting.length > 0 || health.state === "down";
+  if (running) ui.race.textContent = "Race again";
+  else if (waiting.length) ui.race.textContent = `Waiting for ${waiting.map((e) => e.info.title).join(", ")}…`;
+  else ui.race.textContent = enabled.length === 1 ? "Speak" : enabled.length ? `Race ${enabled.length} lanes` : "Race";
   ui.stop.disabled = !running || health.state === "down";
+  ui.phraseCache.disabled = running;
   for (const e of entries.values()) e.toggle.disabled = e.toggle.disabled || running;
 }
 
@@ -705,7 +904,7 @@ async function pollHealth() {
   if (health.state === "ready" && health.voices === null) loadVoices();
   if (health.state === "down") abandonRace();
   for (const entry of entries.values()) {
-    if (health.engines.length) entry.available = entry.name === ROOM_LANE ? roomLane : health.engines.includes(entry.name);
+    updateAvailability(entry);
     if (health.state === "down") {
       if (entry.lane.state === "connected" || entry.lane.state === "connecting") {
         entry.lane.close(true);
@@ -720,9 +919,45 @@ async function pollHealth() {
   renderControls();
 }
 
+/** Ask a lane route (GET /api/pipecat, GET /api/room) whether its lanes can run here. */
+async function askOffered(kind, path) {
+  let answer;
+  try {
+    const res = await fetch(path, { cache: "no-store" });
+    answer = res.ok ? await res.json() : { available: false, error: { code: `http_${res.status}`, message: `this worker does not offer it (${path}: ${res.status})` } };
+  } catch {
+    answer = { available: false, error: { code: "unreachable", message: "the worker did not answer" } };
+  }
+  offered[kind] = answer;
+  for (const entry of entries.values()) {
+    if (entry.info.kind === kind) {
+      updateAvailability(entry);
+      renderLane(entry);
+    }
+  }
+  renderControls();
+  return answer;
+}
+
+/** Whether a lane can run on this worker (null: not known yet), and why not. */
+function updateAvailability(entry) {
+  const { kind } = entry.info;
+  if (kind === "engine") {
+    if (health.engines.length) entry.available = health.engines.includes(entry.name);
+    entry.why = entry.info.needs || null;
+  } else if (kind === "speech") {
+    entry.available = true; // its own connect says whether its server answers
+  } else if (offered[kind]) {
+    entry.available = offered[kind].available === true;
+    entry.why = offered[kind].error?.message || null;
+  }
+}
+
 function connectLane(entry) {
   const now = performance.now();
-  if (now - entry.lastConnect < RECONNECT_EVERY_MS) return;
+  // A server of someone else's that did not answer is asked less often (each try is a failed request).
+  const every = entry.info.kind === "speech" && entry.lane.state === "failed" ? SPEECH_RETRY_EVERY_MS : RECONNECT_EVERY_MS;
+  if (now - entry.lastConnect < every) return;
   entry.lastConnect = now;
   entry.lane.connect().catch(() => {
     renderLane(entry);
@@ -868,16 +1103,65 @@ function frame() {
 window.addEventListener("resize", () => (wavesDirty = true));
 
 // -- controls -------------------------------------------------------------------------------
-function choosePreset(name) {
+function choosePreset(name, focus = true) {
   ui.text.value = PRESETS[name];
   for (const b of document.querySelectorAll("[data-preset]")) b.setAttribute("aria-pressed", String(b.dataset.preset === name));
-  ui.text.focus();
+  if (focus) ui.text.focus();
 }
 for (const b of document.querySelectorAll("[data-preset]")) b.addEventListener("click", () => choosePreset(b.dataset.preset));
 ui.text.addEventListener("input", () => {
   const match = Object.entries(PRESETS).find(([, text]) => text === ui.text.value.trim());
   for (const b of document.querySelectorAll("[data-preset]")) b.setAttribute("aria-pressed", String(!!match && b.dataset.preset === match[0]));
 });
+/** The race's settings as a link: the lanes in the race, the text (a preset by name), the
+ * rate, voice, speed, phrase cache and the OpenAI-compatible lane's server (never its key). */
+function permalink() {
+  const link = new URL(location.pathname, location.origin);
+  const q = link.searchParams;
+  const lanes = [...entries.values()].filter((e) => e.enabled && e.available !== false).map((e) => e.name);
+  if (lanes.length) q.set("lanes", lanes.join(","));
+  const preset = Object.entries(PRESETS).find(([, text]) => text === ui.text.value.trim());
+  if (preset) q.set("preset", preset[0]);
+  else q.set("text", ui.text.value.trim());
+  q.set("rate", ui.rate.value);
+  if (ui.voice.value) q.set("voice", ui.voice.value);
+  if (ui.speed.value !== "1") q.set("speed", ui.speed.value);
+  if (ui.phraseCache.checked) q.set("cache", "1");
+  if (entries.has("openai")) {
+    const speech = speechSettings();
+    if (speech.baseUrl !== OWN_SPEECH) q.set("openai_url", speech.baseUrl);
+    if (speech.model !== "tts-1") q.set("openai_model", speech.model);
+    if (speech.voice !== "alloy") q.set("openai_voice", speech.voice);
+  }
+  return link.toString();
+}
+
+/** The settings a link carries (see permalink), applied once at load. */
+function applyLinkSettings() {
+  const preset = params.get("preset");
+  if (preset && PRESETS[preset]) choosePreset(preset, false);
+  else if (params.get("text")) {
+    ui.text.value = params.get("text");
+    ui.text.dispatchEvent(new Event("input"));
+  }
+  const pick = (select, value) => {
+    if (value !== null && [...select.options].some((o) => o.value === value)) select.value = value;
+  };
+  pick(ui.rate, params.get("rate"));
+  pick(ui.speed, params.get("speed"));
+}
+
+ui.linkButton.addEventListener("click", async () => {
+  const link = permalink();
+  ui.linkButton.dataset.link = link;
+  try {
+    await navigator.clipboard.writeText(link);
+    announce("Link to these race settings copied.");
+  } catch {
+    window.prompt("Link to these race settings:", link); // no clipboard access (http, or denied)
+  }
+});
+
 ui.race.addEventListener("click", startRace);
 ui.stop.addEventListener("click", stopRace);
 ui.text.addEventListener("keydown", (e) => {
@@ -896,15 +1180,20 @@ document.addEventListener("keydown", (e) => {
 document.addEventListener("pointerdown", () => entries.forEach((e) => e.lane.resumeAudio()), { once: true });
 
 // Exposed for tests and the console.
-window.myna = { entries, health, get race() { return race; }, history: () => history, exportJSON, historySummary };
+window.myna = { entries, health, get race() { return race; }, history: () => history, exportJSON, historySummary, permalink, chartSVG: () => chartSVG() };
 
 for (const name of requested) addLane(name);
-if (!requested.length) for (const name of Object.keys(KNOWN)) addLane(name);
+// The default race: every lane but the OpenAI-compatible one, which races once a server is
+// chosen (its settings, or ?openai_url=): by default it would race this worker against itself.
+if (!requested.length) for (const name of Object.keys(KNOWN)) if (name !== "openai" || params.get("openai_url")) addLane(name);
+showSpeechSettings();
+applyLinkSettings();
 renderHistory();
 renderControls();
-roomLaneAvailable().then((ok) => {
-  roomLane = ok;
-  if (ok && (!requested.length || requested.includes(ROOM_LANE))) addLane(ROOM_LANE);
+askOffered("pipecat", "/api/pipecat");
+askOffered("room", "/api/room").then((room) => {
+  // The room lane is an option of the worker (--livekit-url): shown when it is on, or asked for.
+  if (requested.includes(ROOM_LANE) || (!requested.length && room.error?.code !== "no_livekit")) addLane(ROOM_LANE);
 });
 pollHealth();
 setInterval(pollHealth, HEALTH_EVERY_MS);

@@ -63,19 +63,20 @@ export function audioContext() {
   return sharedContext;
 }
 
-function loadWorklet(ctx) {
+/** Load the onset tap's worklet module into `ctx` once (a Promise). */
+export function loadWorklet(ctx) {
   if (!ctx.audioWorklet) return Promise.reject(new Error("AudioWorklet unavailable"));
   if (!workletModules.has(ctx)) workletModules.set(ctx, ctx.audioWorklet.addModule(new URL("./onset-worklet.js", import.meta.url)));
   return workletModules.get(ctx);
 }
 
 let turnCounter = 0;
-function newTurnId() {
+export function newTurnId() {
   turnCounter += 1;
   return `t${Date.now().toString(36)}${turnCounter}`;
 }
 
-function newTurn(id, text) {
+export function newTurn(id, text) {
   return {
     id,
     text,
@@ -89,6 +90,7 @@ function newTurn(id, text) {
     underruns: null, // starvation inside a chunk (a cut word), from turn_done
     gapMs: null, // {count, total, longest}: pauses at word or clause boundaries, from turn_done (newer workers)
     gaps: null, // [[audio position ms, duration ms], ...] of those pauses (newer workers)
+    jitterBufferMs: null, // mean time this turn's samples waited in the browser's jitter buffer (WebRTC lanes)
     words: [],
     error: null,
   };
@@ -96,11 +98,17 @@ function newTurn(id, text) {
 
 export class Lane extends EventTarget {
   /**
-   * @param {{engine?: string, voice?: string, label?: string, baseUrl?: string, muted?: boolean,
-   *          noOnsetGraceMs?: number}} [options]  noOnsetGraceMs: how long after turn_done a turn
-   *   with nothing heard yet still waits for its onset (default 1500 ms; the benchmark's
-   *   Chromium client gives a peer that reports its end before its audio 10 s, as its aiortc
-   *   client waits)
+   * @param {{engine?: string, voice?: string, label?: string, baseUrl?: string, offerPath?: string,
+   *          session?: object, muted?: boolean, noOnsetGraceMs?: number, quietAfterMs?: number,
+   *          tailLimitMs?: number}} [options]
+   *   session: more session defaults for the offer's request_data (e.g. {phrase_cache: false}).
+   *   offerPath: where the offer goes under baseUrl (default "/api/offer"; the Pipecat lane's is
+   *   "/api/pipecat/offer"). noOnsetGraceMs: how long after turn_done a turn with nothing heard
+   *   yet still waits for its onset (default 1500 ms); quietAfterMs and tailLimitMs: a heard turn
+   *   is final once the lane has been quiet quietAfterMs after turn_done, or tailLimitMs after it
+   *   (defaults 250 and 5000 ms). A peer that reports its end before its transport has sent the
+   *   audio (Pipecat's turn_done comes when its TTS stops, with seconds of audio still queued)
+   *   needs all three longer.
    */
   constructor(options = {}) {
     super();
@@ -120,7 +128,12 @@ export class Lane extends EventTarget {
     this.timers = [];
     this.ready = null;
     this.muted = !!options.muted; // a race plays one lane aloud; the others still decode (muted)
+    this.offerPath = options.offerPath || "/api/offer";
+    this.session = options.session || {};
     this.noOnsetGraceMs = options.noOnsetGraceMs ?? NO_ONSET_GRACE_MS;
+    this.quietAfterMs = options.quietAfterMs ?? QUIET_AFTER_MS;
+    this.tailLimitMs = options.tailLimitMs ?? TAIL_LIMIT_MS;
+    this.message = null; // why the lane last failed, in words (state "failed" / "engine-missing")
   }
 
   /** Mute or unmute this lane's playback. A muted lane is still decoded and measured. */
@@ -135,6 +148,8 @@ export class Lane extends EventTarget {
 
   _setState(state, message) {
     this.state = state;
+    if (state === "connected") this.message = null;
+    else if (message) this.message = message;
     this._emit("state", { state, message });
   }
 
@@ -161,12 +176,12 @@ export class Lane extends EventTarget {
     await pc.setLocalDescription(await pc.createOffer());
     await waitForGathering(pc, GATHER_TIMEOUT_MS);
     if (this.pc !== pc) return;
-    const requestData = {};
+    const requestData = { ...this.session };
     if (this.engine) requestData.engine = this.engine;
     if (this.voice) requestData.voice = this.voice;
     let res;
     try {
-      res = await fetch(`${this.baseUrl}/api/offer`, {
+      res = await fetch(`${this.baseUrl}${this.offerPath}`, {
         method: "POST",
         headers: { "Content-Type": "application/json", ...authHeaders() },
         body: JSON.stringify({ sdp: pc.localDescription.sdp, type: "offer", request_data: requestData }),
@@ -223,6 +238,17 @@ export class Lane extends EventTarget {
     } catch (err) {
       this._emit("error", { code: "audio_tap", message: `no in-page audio tap (${err.message}); perceived TTFA unavailable` });
     }
+  }
+
+  /** A new MediaStreamSource into the tap before each turn. Chromium's WebRTC → WebAudio FIFO
+   * of a source node grows when the render thread glitches (a busy host) and never shrinks, so
+   * on a long-lived lane the tap would hear every turn later than the <audio> element plays it;
+   * a fresh node starts with an empty FIFO. (The tap, its ring and the lead calibration stay.) */
+  _freshSource() {
+    if (!this.source || !this.tap || !this.audio?.srcObject) return;
+    this.source.disconnect();
+    this.source = audioContext().createMediaStreamSource(this.audio.srcObject);
+    this.source.connect(this.tap);
   }
 
   /** Retry playback after a user gesture (autoplay policies). */
@@ -334,6 +360,7 @@ export class Lane extends EventTarget {
       this._clearTimers();
       this.current = null;
     }
+    this._jitterBuffer(turn);
     this._emit("turn", { turn });
     // The onset is detected as audio plays; turn_done may arrive before the tail has played,
     // and a turn with no audible audio never reports one: stop waiting after a grace period.
@@ -345,12 +372,36 @@ export class Lane extends EventTarget {
         if (this.tap) this.tap.port.postMessage({ type: "disarm", id: turn.id });
       } else {
         const now = performance.now();
-        if (now - (this.loudAt ?? 0) < QUIET_AFTER_MS && now - doneAt < TAIL_LIMIT_MS) return setTimeout(settle, 50);
+        if (now - (this.loudAt ?? 0) < this.quietAfterMs && now - doneAt < this.tailLimitMs) return setTimeout(settle, 50);
       }
       turn.final = true;
       this._emit("turn", { turn });
     };
     settle();
+  }
+
+  /** Chromium's cumulative jitter-buffer counters of the received audio (inbound-rtp
+   * jitterBufferDelay s, jitterBufferEmittedCount samples; W3C webrtc-stats), or null. */
+  async _jitterStats() {
+    if (!this.pc) return null;
+    try {
+      for (const s of (await this.pc.getStats()).values()) {
+        if (s.type === "inbound-rtp" && s.kind === "audio") return { delay: s.jitterBufferDelay, count: s.jitterBufferEmittedCount };
+      }
+    } catch {
+      /* closed meanwhile */
+    }
+    return null;
+  }
+
+  /** turn.jitterBufferMs: the mean time a sample of this turn waited in the jitter buffer, ms. */
+  async _jitterBuffer(turn) {
+    const start = turn.jitterStart;
+    const end = await this._jitterStats();
+    if (start && end && end.count > start.count) {
+      turn.jitterBufferMs = ((end.delay - start.delay) / (end.count - start.count)) * 1000;
+      this._emit("turn", { turn });
+    }
   }
 
   _clearTimers() {
@@ -377,6 +428,7 @@ export class Lane extends EventTarget {
       await sleep(150); // let audio already in flight drain so it is not taken for the new onset
     }
     this.resumeAudio();
+    this._freshSource();
     const turn = newTurn(newTurnId(), text);
     this.turns.set(turn.id, turn);
     this.current = turn;
@@ -395,6 +447,7 @@ export class Lane extends EventTarget {
       send(chunks[0]);
       turn.sentAt = performance.now();
       turn.sendFrame = this._sendFrame(turn.sentAt);
+      this._jitterStats().then((at) => (turn.jitterStart = at)); // (after the send: it waits on nothing)
       if (this.tap && turn.sendFrame !== null) this.tap.port.postMessage({ type: "arm", id: turn.id, fromFrame: turn.sendFrame });
     } else {
       turn.sentAt = performance.now();

@@ -16,17 +16,9 @@ export const ROOM_LANE_INFO = {
   title: "Via LiveKit room",
   desc: "embedded voice through a LiveKit room (livekit-client)",
   color: "#c2410c",
+  absent: "not available on this worker",
+  setup: "bash scripts/setup_livekit.sh dev", // installs livekit-client, which the lane loads
 };
-
-/** Whether this worker offers the room lane (a LiveKit URL and livekit-client installed). */
-export async function roomLaneAvailable() {
-  try {
-    const res = await fetch("/api/room", { cache: "no-store" });
-    return res.ok && (await res.json()).available === true;
-  } catch {
-    return false;
-  }
-}
 
 export class RoomLane extends Lane {
   constructor(options = {}) {
