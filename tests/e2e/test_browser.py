@@ -759,6 +759,7 @@ def _cache_hits(server: str) -> float:
     return sum(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("myna_phrase_cache_hits_total"))
 
 
+@pytest.mark.slow
 def test_races_synthesise_afresh_unless_the_phrase_cache_is_ticked_and_the_chart_exports(page, server):
     """The page's sessions say phrase_cache: false, so a repeated race is synthesised again (no
     hit); ticked, the same race is answered from the cache. The chart of the races is an SVG."""
@@ -785,3 +786,96 @@ def test_races_synthesise_afresh_unless_the_phrase_cache_is_ticked_and_the_chart
     svg = Path(download.value.path()).read_text()
     assert svg.startswith("<svg") and "Piper · clause" in svg and "over 4 races" in svg
     assert console.errors == []
+
+
+class _SpeechServer:
+    """An OpenAI-compatible speech server of another origin, in a thread, with CORS: under
+    /MODE/v1, MODE ``wav`` answers a WAV file, ``empty`` 200 with no body, ``fail`` a 500 in
+    OpenAI's error shape, ``nocors`` good PCM without CORS headers."""
+
+    def __init__(self):
+        import http.server
+        import threading
+
+        import numpy as np
+
+        pcm = (0.3 * 32767 * np.sin(2 * np.pi * 220 * np.arange(12_000) / 24_000)).astype("<i2").tobytes()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _cors(self):
+                if not self.path.startswith("/nocors/"):
+                    self.send_header("Access-Control-Allow-Origin", "*")
+                    self.send_header("Access-Control-Allow-Headers", "content-type, authorization")
+
+            def do_OPTIONS(self):
+                self.send_response(204)
+                self._cors()
+                self.end_headers()
+
+            def do_GET(self):
+                self.send_response(200)
+                self._cors()
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(b'{"data": []}')
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                mode = self.path.split("/")[1]
+                status, kind, body = {
+                    "wav": (200, "application/octet-stream", b"RIFF" + b"\0" * 40 + pcm),  # (found by its bytes)
+                    "mpeg": (200, "audio/mpeg", b"ID3" + b"\0" * 40),
+                    "empty": (200, "audio/pcm", b""),
+                    "fail": (500, "application/json", b'{"error": {"message": "model overloaded", "code": "overloaded"}}'),
+                }.get(mode, (200, "audio/pcm", pcm))
+                self.send_response(status)
+                self._cors()
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.mark.parametrize("mode, said", [
+    ("wav", "not raw PCM"),
+    ("mpeg", "answered audio/mpeg, not raw PCM"),
+    ("empty", "no audio"),
+    ("fail", "500: model overloaded"),
+    ("nocors", "CORS"),
+])
+def test_an_openai_compatible_server_that_answers_wrongly_is_an_error_on_its_lane_only(browser, server, mode, said):
+    """Another origin's server: a container instead of PCM, an empty 200, a 500 or no CORS
+    headers each end the lane's turn with the reason in words, and the race still finishes."""
+    speech = _SpeechServer()
+    pg = browser.new_page()
+    try:
+        pg.goto(f"{server}/?lanes=piper")
+        pg.evaluate("localStorage.clear()")
+        pg.goto(f"{server}/?lanes=piper,openai&rate=0&openai_url={speech.url}/{mode}/v1")
+        if mode == "nocors":  # even the probe is refused: the lane says so and stays out
+            pg.wait_for_function("() => document.querySelector('.lane[data-lane=openai]').dataset.state === 'retrying'",
+                                 timeout=5_000)
+            assert said in pg.inner_text(f"{_lane('openai')} .lane-state")
+            return
+        _connected(pg)
+        pg.click("#race")
+        _race_done(pg, 30_000)
+        assert pg.get_attribute(_lane("piper"), "data-state") == "done"
+        assert pg.get_attribute(_lane("openai"), "data-state") == "error"
+        assert said in pg.inner_text(f"{_lane('openai')} .lane-state"), pg.inner_text(_lane("openai"))
+        assert pg.get_attribute(f"{_lane('openai')} .ttfa", "data-value") == ""  # no fake onset from a header
+        assert pg.evaluate("() => window.myna.entries.get('openai').lane.requests.size") == 0
+    finally:
+        pg.close()
+        speech.close()

@@ -3,6 +3,8 @@ and a real offer relayed to Pipecat's own peer process, answered with its SDP.""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
@@ -42,7 +44,9 @@ def _app(worker) -> web.Application:
         try:
             return await handler(request)
         except HTTPError as exc:
-            return web.json_response({"error": {"code": exc.code, "message": exc.message}}, status=exc.status)
+            headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after else None
+            return web.json_response({"error": {"code": exc.code, "message": exc.message}}, status=exc.status,
+                                     headers=headers)
 
     app = web.Application(middlewares=[errors])
     add_pipecat_lane(app, worker, loopback=True)
@@ -82,7 +86,7 @@ async def test_a_body_that_is_not_an_offer_is_400_and_starts_nothing():
 
 @pytest.mark.network
 @pytest.mark.slow
-async def test_an_offer_is_answered_by_pipecats_own_peer_and_the_peer_stops_with_the_worker():
+async def test_an_offer_is_answered_by_pipecats_own_peer_and_the_peer_stops_with_the_worker(monkeypatch):
     """A real aiortc offer through the relay: Pipecat's SmallWebRTC answers it (the peer process
     is started on this first offer), and closing the app stops that process."""
     try:
@@ -109,6 +113,28 @@ async def test_an_offer_is_answered_by_pipecats_own_peer_and_the_peer_stops_with
             res = await client.post("/api/pipecat/offer", json={"sdp": "", "type": "offer", "request_data": {"engine": "nope"}})
             assert res.status == 400 and (await res.json())["error"]["code"] == "unknown_engine"
             assert _peers(), "the peer process was not started"
+            monkeypatch.setattr(pipecat_lane, "MAX_CONNECTIONS", 1)  # the one running pipeline fills it
+            res = await client.post("/api/pipecat/offer", json={"sdp": pc.localDescription.sdp, "type": "offer"})
+            assert res.status == 503 and (await res.json())["error"]["code"] == "full" and res.headers["Retry-After"]
         assert not _peers(), "the peer process outlived the worker"
     finally:
         await pc.close()
+
+
+@pytest.mark.slow
+async def test_the_peer_process_ends_when_the_worker_does_however_it_ends():
+    """The worker holds the peer's stdin: when the worker process ends (a second Ctrl-C exits at
+    once, a crash), the pipe closes and the peer stops by itself."""
+    try:
+        require("race")
+    except MissingExtra as exc:
+        pytest.skip(str(exc))
+    peer = pipecat_lane.PipecatPeer(loopback=True)
+    try:
+        await peer._running()
+        proc = peer._proc
+        proc.stdin.close()  # what the worker's death does to the pipe
+        await asyncio.wait_for(proc.wait(), 30)
+        assert proc.returncode is not None
+    finally:
+        await peer.close()

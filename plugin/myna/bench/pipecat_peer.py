@@ -30,6 +30,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+import signal
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -149,9 +153,16 @@ async def _run_bot(connection, aggregation: str) -> None:
     await runner.run()
 
 
+def _stop_at_eof() -> None:
+    """Wait for stdin to close (the parent gone), then stop as on SIGTERM."""
+    sys.stdin.buffer.read()
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
 def create_app() -> web.Application:
     """``POST /api/offer`` (SmallWebRTC signaling; ``request_data.engine`` = aggregation) and
-    ``GET /healthz`` (200 once Pipecat and the voice have loaded)."""
+    ``GET /healthz`` (200 once Pipecat and the voice have loaded; ``connections``: the pipelines
+    running)."""
     from pipecat.transports.smallwebrtc.connection import SmallWebRTCConnection
 
     bots: set[asyncio.Task] = set()
@@ -170,7 +181,8 @@ def create_app() -> web.Application:
         return web.json_response(connection.get_answer())
 
     async def healthz(request: web.Request) -> web.Response:
-        return web.json_response({"status": "ready" if ready.is_set() else "starting"}, status=200 if ready.is_set() else 503)
+        return web.json_response({"status": "ready" if ready.is_set() else "starting", "connections": len(bots)},
+                                 status=200 if ready.is_set() else 503)
 
     async def lifecycle(app: web.Application):
         await asyncio.to_thread(_pipeline_parts, None, AGGREGATIONS[0])  # import pipecat, load the voice once
@@ -194,7 +206,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--any-interface", action="store_true",
                    help="offer ICE candidates of every interface (default: loopback only, a client on this machine)")
+    p.add_argument("--exit-with-stdin", action="store_true",
+                   help="stop when stdin closes (a parent that holds it open: its process ending, however it ends)")
     args = p.parse_args(argv)
+    if args.exit_with_stdin:
+        threading.Thread(target=_stop_at_eof, daemon=True).start()
     logging.basicConfig(level=logging.WARNING)
     from loguru import logger
 

@@ -143,8 +143,8 @@ def run(args) -> int:
         p = s["perceived_ttfa_ms"]
         row = {"lane": name, "n": s["n"], "p50": p["p50"], "p25": p["p25"], "p75": p["p75"], "p95": p["p95"],
                "server_p50": s["server_ttfa_ms_p50"], "wins": s["wins"]}
-        if name != first and first in summary and summary[first]["perceived_ttfa_ms"]["p50"]:
-            row[f"p50_over_{first}"] = round(p["p50"] / summary[first]["perceived_ttfa_ms"]["p50"], 2) if p["p50"] else None
+        if name != first and first in summary and summary[first]["perceived_ttfa_ms"]["p50"] and p["p50"]:
+            row[f"p50_over_{first}"] = round(p["p50"] / summary[first]["perceived_ttfa_ms"]["p50"], 2)
             row[f"{first}_ahead"] = "{}/{}".format(*head_to_head(history, first, name))
         rows.append(row)
     f = lambda v: "—" if v is None else f"{v:.0f}"  # noqa: E731

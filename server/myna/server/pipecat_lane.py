@@ -21,8 +21,12 @@ Routes (``myna serve --no-pipecat-lane`` leaves both out):
   names the command that installs it); always 200, so a page asking does not log a failed request.
 - ``POST /api/pipecat/offer``: SmallWebRTC signaling (``{"sdp", "type", "request_data"}``),
   with the worker's access token when it has keys, as ``/api/offer``; answered with the peer's
-  answer. 404 ``no_pipecat``; 503 ``draining`` / ``not_ready``; 502 ``pipecat_failed`` when the
-  peer process did not start (its log is the worker's stderr).
+  answer. 404 ``no_pipecat``; 503 ``draining`` / ``not_ready``, and ``full`` while the peer runs
+  :data:`MAX_CONNECTIONS` pipelines (the relay cannot see a browser leave, so the peer's own count
+  is the bound: the worker's session limits count Myna's sessions, not these); 502
+  ``pipecat_failed`` when the peer process did not start (its log is the worker's stderr; the next
+  try waits :data:`RETRY_START_AFTER_S`). The peer's own port answers anyone on this machine,
+  as a Pipecat bot's would.
 """
 
 from __future__ import annotations
@@ -44,6 +48,10 @@ log = logging.getLogger(__name__)
 START_TIMEOUT_S = 90.0
 #: Seconds a relayed offer may take (the peer builds the pipeline before it answers).
 OFFER_TIMEOUT_S = 30.0
+#: Pipelines the peer runs at once (the page opens two); an offer past it is 503 ``full``.
+MAX_CONNECTIONS = 4
+#: Seconds after a failed start before the next offer tries again (each try is a new process).
+RETRY_START_AFTER_S = 30.0
 
 
 def missing_pipecat() -> str | None:
@@ -68,17 +76,26 @@ class PipecatPeer:
         self._url: str | None = None
         self._starting: asyncio.Task | None = None
         self._http: aiohttp.ClientSession | None = None
+        self._failed: tuple[float, str] | None = None  # (when, why) of the last failed start
 
     async def offer(self, body: dict) -> tuple[int, dict]:
         """Relay an offer; returns the peer's status and JSON answer.
 
         Raises:
-            RuntimeError: the peer process could not be started (the message says why).
+            RuntimeError: the peer process could not be started, or answered no JSON.
+            HTTPError: 503 ``full``: the peer runs :data:`MAX_CONNECTIONS` pipelines.
         """
         url = await self._running()
+        async with self._http.get(f"{url}/healthz", timeout=aiohttp.ClientTimeout(total=5)) as res:
+            connections = (await res.json(content_type=None)).get("connections", 0)
+        if connections >= MAX_CONNECTIONS:
+            raise HTTPError(503, "full", f"the Pipecat lanes run {connections} connections, the most they take", 5)
         async with self._http.post(f"{url}/api/offer", json=body,
                                    timeout=aiohttp.ClientTimeout(total=OFFER_TIMEOUT_S)) as res:
-            return res.status, await res.json(content_type=None)
+            try:
+                return res.status, await res.json(content_type=None)
+            except ValueError:
+                raise RuntimeError(f"the Pipecat peer answered {res.status} without JSON") from None
 
     async def _running(self) -> str:
         if self._proc is not None and self._proc.returncode is not None:
@@ -86,9 +103,16 @@ class PipecatPeer:
             self._proc = self._url = None
         if self._url is not None:
             return self._url
+        loop = asyncio.get_running_loop()
+        if self._failed is not None and loop.time() - self._failed[0] < RETRY_START_AFTER_S:
+            raise RuntimeError(self._failed[1])
         if self._starting is None or self._starting.done():
             self._starting = asyncio.get_running_loop().create_task(self._start())
-        return await asyncio.shield(self._starting)
+        try:
+            return await asyncio.shield(self._starting)
+        except RuntimeError as exc:
+            self._failed = (loop.time(), str(exc))
+            raise
 
     async def _start(self) -> str:
         if self._http is None:
@@ -96,11 +120,13 @@ class PipecatPeer:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        args = [sys.executable, "-m", "myna.bench.pipecat_peer", "--port", str(port)]
+        # --exit-with-stdin: the peer stops when this process ends, however it ends (a second
+        # Ctrl-C exits at once, skipping clean-up), as its end of the pipe closes.
+        args = [sys.executable, "-m", "myna.bench.pipecat_peer", "--port", str(port), "--exit-with-stdin"]
         if not self.loopback:
             args.append("--any-interface")
         log.info("pipecat lane: starting Pipecat's SmallWebRTC + PiperTTSService (port %d)", port)
-        self._proc = await asyncio.create_subprocess_exec(*args, stdin=asyncio.subprocess.DEVNULL)
+        self._proc = await asyncio.create_subprocess_exec(*args, stdin=asyncio.subprocess.PIPE)
         url = f"http://127.0.0.1:{port}"
         deadline = asyncio.get_running_loop().time() + START_TIMEOUT_S
         while asyncio.get_running_loop().time() < deadline:

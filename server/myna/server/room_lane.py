@@ -10,7 +10,8 @@ Routes (only with a LiveKit URL; key and secret from ``LIVEKIT_API_KEY`` / ``LIV
   or ``no_livekit_client`` (livekit-client not installed); always 200, so a page asking does not
   log a failed request.
 - ``POST /api/room``: (with the worker's access token when it has keys, as ``/api/offer``)
-  opens a fresh room with Myna in it and answers
+  opens a fresh room with Myna in it (an optional JSON body of session defaults, as an offer's
+  ``request_data``: the page sends ``{"phrase_cache": false}``) and answers
   ``{"url", "token", "room", "identity"}``: the server's URL, a join token for the browser, the
   room, and Myna's identity there. Myna leaves once the browser has left (or, if nobody joined,
   after :data:`JOIN_TIMEOUT_S`). Without a LiveKit URL: 404 ``no_livekit``.
@@ -32,7 +33,7 @@ from aiohttp import web
 
 from myna.access import short_secret_notice
 from myna.extras import require
-from myna.messages import TurnDefaults
+from myna.messages import BadMessage, TurnDefaults, parse_turn_defaults
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +69,9 @@ class RoomLanes:
     agents: set = field(default_factory=set)
     _tasks: set = field(default_factory=set)
 
-    async def open(self) -> dict:
-        """A new room with Myna in it; what the browser needs to join it."""
+    async def open(self, defaults: TurnDefaults | None = None) -> dict:
+        """A new room with Myna in it (its turns with ``defaults``, default: the engine's voice);
+        what the browser needs to join it."""
         from livekit import rtc
 
         from myna.room.agent import RoomAgent
@@ -79,7 +81,8 @@ class RoomLanes:
         engine = self.worker.engines[self.worker.default_engine]
         room = rtc.Room()
         agent = RoomAgent(room, engine, self.worker.sessions, engines=[engine.name],
-                          defaults=TurnDefaults(voice=self.worker.engines.voice_for(engine.name)), leave_when_empty=True)
+                          defaults=defaults or TurnDefaults(voice=self.worker.engines.voice_for(engine.name)),
+                          leave_when_empty=True)
         agent.attach()
         await room.connect(self.url, participant_token(self.key, self.secret, room_name, MYNA_IDENTITY),
                            rtc.RoomOptions(auto_subscribe=False, connect_timeout=10.0))
@@ -147,8 +150,20 @@ def add_room_lane(app: web.Application, worker, url: str | None) -> None:
             return _error(503, "draining", "the worker is shutting down; connect to another")
         if not worker.ready:
             return _error(503, "not_ready", "the worker is still loading its engines")
+        defaults = TurnDefaults(voice=worker.engines.voice_for(worker.default_engine))
+        if request.can_read_body:
+            try:
+                body = await request.json()
+            except ValueError:
+                return _error(400, "bad_json", "request body: not valid JSON")
+            if not isinstance(body, dict):
+                return _error(400, "bad_request", "request body: a JSON object of session defaults")
+            try:
+                defaults = parse_turn_defaults(body, defaults)
+            except BadMessage as exc:
+                return _error(400, exc.code, f"request body: {exc.message}")
         try:
-            return web.json_response(await lanes.open())
+            return web.json_response(await lanes.open(defaults))
         except Exception as exc:  # the LiveKit server is unreachable or refused us
             log.warning("room lane: %s", exc)
             return _error(502, "livekit_unavailable", f"could not open a LiveKit room: {exc}")

@@ -117,24 +117,40 @@ let raceCount = 0;
 let history = loadHistory();
 
 // -- the OpenAI-compatible lane's server ------------------------------------------------------
-const SPEECH_KEY = "myna.race.speech-key"; // sessionStorage: this tab only
+const SPEECH_KEY = "myna.race.speech-key"; // sessionStorage (this tab only): {origin, key}
 const OWN_SPEECH = `${location.origin}/v1`;
 
-/** Where the OpenAI-compatible lane sends: the link's ?openai_url / _model / _voice, else this
- * worker's /v1; the key from this tab's sessionStorage (never from or into a link). */
-function speechSettings() {
-  let apiKey = "";
+const originOf = (url) => {
   try {
-    apiKey = sessionStorage.getItem(SPEECH_KEY) || "";
+    return new URL(url, location.href).origin;
   } catch {
-    /* storage off: the key lives in the form only */
+    return null;
   }
-  const baseUrl = ui.speechUrl.value || params.get("openai_url") || OWN_SPEECH;
+};
+
+/** The key typed for `url`'s origin in this tab ("" for any other origin: a link that names a
+ * server never gets a key typed for another one). */
+function storedKey(url) {
+  try {
+    const stored = JSON.parse(sessionStorage.getItem(SPEECH_KEY) || "null");
+    return stored && stored.origin === originOf(url) ? String(stored.key || "") : "";
+  } catch {
+    return ""; // storage off, or not ours
+  }
+}
+
+/** Where the OpenAI-compatible lane sends: the link's ?openai_url / _model / _voice, else this
+ * worker's /v1; the key typed for that server's origin (never from or into a link). */
+function speechSettings() {
+  const baseUrl = (ui.speechUrl.value || params.get("openai_url") || OWN_SPEECH).replace(/\/+$/, "");
+  const own = baseUrl === OWN_SPEECH;
   return {
     baseUrl,
-    // This worker's own endpoint takes Myna's phrase_cache field; another server gets OpenAI's fields only.
-    extra: baseUrl.replace(/\/+$/, "") === OWN_SPEECH ? { phrase_cache: ui.phraseCache.checked } : {},
-    apiKey: ui.speechKey.value || apiKey,
+    // This worker's own endpoint takes Myna's phrase_cache field and this page's token; another
+    // server gets OpenAI's fields only.
+    extra: own ? { phrase_cache: ui.phraseCache.checked } : {},
+    headers: own ? authHeaders() : {},
+    apiKey: storedKey(baseUrl),
     model: ui.speechModel.value || params.get("openai_model") || "tts-1",
     voice: ui.speechVoice.value || params.get("openai_voice") || "alloy",
   };
@@ -156,18 +172,20 @@ function showSpeechSettings() {
 
 ui.speechForm.addEventListener("submit", (e) => {
   e.preventDefault();
+  if (race?.running) return; // (the button is disabled meanwhile)
   try {
-    if (ui.speechKey.value) sessionStorage.setItem(SPEECH_KEY, ui.speechKey.value);
+    const origin = originOf(ui.speechUrl.value);
+    if (ui.speechKey.value && origin) sessionStorage.setItem(SPEECH_KEY, JSON.stringify({ origin, key: ui.speechKey.value }));
     else sessionStorage.removeItem(SPEECH_KEY);
   } catch {
-    /* storage off */
+    /* storage off: the key lives for this connection only */
   }
   const entry = entries.get("openai") || addLane("openai");
-  entry.lane.configure(speechSettings());
+  entry.lane.configure({ ...speechSettings(), apiKey: ui.speechKey.value });
   entry.settled = false;
   entry.lastConnect = -Infinity;
   showSpeechSettings();
-  if (!race?.running) connectLane(entry);
+  connectLane(entry);
   renderControls();
 });
 
@@ -175,7 +193,7 @@ ui.speechForm.addEventListener("submit", (e) => {
 ui.phraseCache.checked = params.get("cache") === "1";
 ui.phraseCache.addEventListener("change", () => {
   for (const entry of entries.values()) {
-    if (entry.info.kind === "engine") entry.lane.session.phrase_cache = ui.phraseCache.checked;
+    if (entry.info.kind === "engine" || entry.info.kind === "room") entry.lane.session.phrase_cache = ui.phraseCache.checked;
     else if (entry.info.kind === "speech") entry.lane.configure(speechSettings());
     else continue;
     if (entry.lane.state === "connected") {
@@ -261,7 +279,7 @@ function addLane(name) {
 
 /** The lane object of a kind (see KNOWN): each speaks the same events to this page. */
 function makeLane(name, info) {
-  if (info.kind === "room") return new RoomLane({ voice, label: name, muted: true });
+  if (info.kind === "room") return new RoomLane({ voice, label: name, muted: true, session: { phrase_cache: ui.phraseCache.checked } });
   if (info.kind === "speech") return new SpeechLane({ ...speechSettings(), label: name, muted: true });
   if (info.kind === "pipecat") {
     // Pipecat's turn_done comes when its TTS stops, with seconds of audio still queued in its
@@ -628,6 +646,7 @@ function finishRace(timedOut = false) {
       pre_roll_ms: round1(t.preRollMs),
       audio_ms: round1(t.audioMs),
       jitter_buffer_ms: round1(t.jitterBufferMs), // the browser's (getStats), WebRTC lanes
+      ...(entry.info.kind === "speech" ? { endpoint: entry.lane.speechBase, model: entry.lane.model } : {}),
       underruns: t.underruns ?? null,
       gap_ms: t.gapMs ?? null, // the worker's, when it reports gaps
       long_silences_ms: gaps ? gaps.measured.map(([at, d]) => [round1(at), round1(d)]) : [], // measured here
@@ -775,7 +794,8 @@ function exportJSON() {
     generated_at: new Date().toISOString(),
     definition:
       "perceived_ttfa_ms: first text chunk sent by this page -> first audible sample it received " +
-      "(first 10 ms window, 1 ms hop, mean removed, RMS > 0.01 of full scale); server_ttfa_ms: from the worker's first_audio event",
+      "(first 10 ms window, 1 ms hop, mean removed, RMS > 0.01 of full scale); server_ttfa_ms: from the worker's first_audio event " +
+      "(the openai lane: its first request's time to the response's first byte; `endpoint` and `model` name the server it raced)",
     user_agent: navigator.userAgent,
     summary: historySummary(),
     runs: history,
@@ -851,6 +871,7 @@ function renderControls() {
   else ui.race.textContent = enabled.length === 1 ? "Speak" : enabled.length ? `Race ${enabled.length} lanes` : "Race";
   ui.stop.disabled = !running || health.state === "down";
   ui.phraseCache.disabled = running;
+  ui.speechForm.querySelector("button[type=submit]").disabled = running;
   for (const e of entries.values()) e.toggle.disabled = e.toggle.disabled || running;
 }
 

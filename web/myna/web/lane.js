@@ -428,7 +428,8 @@ export class Lane extends EventTarget {
       await sleep(150); // let audio already in flight drain so it is not taken for the new onset
     }
     this.resumeAudio();
-    this._freshSource();
+    // After this task: a race's lanes send their first chunks within microseconds of each other.
+    queueMicrotask(() => this._freshSource());
     const turn = newTurn(newTurnId(), text);
     this.turns.set(turn.id, turn);
     this.current = turn;

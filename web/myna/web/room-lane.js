@@ -33,7 +33,9 @@ export class RoomLane extends Lane {
     let lk, res;
     try {
       lk = await import("/vendor/livekit-client.mjs");
-      res = await fetch(`${this.baseUrl}/api/room`, { method: "POST", headers: authHeaders() });
+      res = await fetch(`${this.baseUrl}/api/room`, {
+        method: "POST", headers: { "Content-Type": "application/json", ...authHeaders() }, body: JSON.stringify(this.session),
+      });
     } catch (err) {
       this._fail("server unreachable");
       throw err;

@@ -26,7 +26,11 @@ import { tokenChunks } from "./tokens.js";
 export const PCM_RATE = 24000; // OpenAI's `pcm`: s16le mono at 24 kHz
 const PROBE_TIMEOUT_MS = 4000; // a dead URL is reported within this
 const FIRST_BYTE_TIMEOUT_MS = 15000;
+const STALL_MS = 15000; // a response body that sends nothing this long has failed
 const SENTENCE_END = /[.!?…](["'”’)\]]*)$/;
+// Answers that are not raw PCM: a container or text (a server that ignored response_format).
+const NOT_PCM = /^(audio\/(mpeg|mp3|wav|wave|x-wav|ogg|opus|aac|flac|webm|mp4)|text\/|application\/json)/;
+const CONTAINER = /^(RIFF|ID3|OggS|fLaC)/;
 
 /** The reply's sentences as the race writes it: [{text, lastChunk}] where lastChunk is the index
  * of the token chunk that completes it (tokens.js), so a sentence is sent when that chunk is. */
@@ -63,13 +67,16 @@ export class SpeechLane extends Lane {
     super({ label: options.label, muted: options.muted, quietAfterMs: 250 });
     this.configure(options);
     this.requests = new Set(); // AbortControllers of the turn's requests
+    this.pending = new Set(); // rejectors of sentences not yet requested (a stop settles them)
     this.sources = new Set();
     this.out = null; // GainNode to the speakers (0 when muted)
+    this.connects = 0; // a newer connect() supersedes an older one still waiting
   }
 
   /** Change where the lane sends (takes effect at the next connect). */
-  configure({ baseUrl, apiKey = "", model = "tts-1", voice = "alloy", extra = {} }) {
+  configure({ baseUrl, apiKey = "", model = "tts-1", voice = "alloy", extra = {}, headers = {} }) {
     this.extra = extra; // more body fields (this worker's own endpoint: Myna's phrase_cache)
+    this.authHeaders = headers; // this worker's own token, when the URL is this worker's
     this.speechBase = String(baseUrl || "").replace(/\/+$/, "");
     this.apiKey = apiKey;
     this.model = model;
@@ -77,7 +84,8 @@ export class SpeechLane extends Lane {
   }
 
   _headers() {
-    return { "Content-Type": "application/json", ...(this.apiKey ? { Authorization: `Bearer ${this.apiKey}` } : {}) };
+    const auth = this.apiKey ? { Authorization: `Bearer ${this.apiKey}` } : this.authHeaders;
+    return { "Content-Type": "application/json", ...auth };
   }
 
   setMuted(muted) {
@@ -93,22 +101,30 @@ export class SpeechLane extends Lane {
   /** Check the server answers (GET {base}/models, any HTTP status but 401/403), then set up the tap. */
   async connect() {
     this.close(true);
+    const attempt = ++this.connects;
     this._setState("connecting");
     if (!this.speechBase) return this._fail("no base URL");
     let res;
     try {
       res = await fetch(`${this.speechBase}/models`, { headers: this._headers(), signal: AbortSignal.timeout(PROBE_TIMEOUT_MS) });
     } catch (err) {
-      this._fail(fetchFailure(err, this.speechBase));
+      if (attempt === this.connects) this._fail(fetchFailure(err, this.speechBase));
       throw err;
     }
+    if (attempt !== this.connects) return;
     if (res.status === 401 || res.status === 403) {
       const message = `${res.status}: the server refused the key${this.apiKey ? "" : " (none given)"}`;
       this._fail(message);
       throw new Error(message);
     }
     const ctx = audioContext();
-    await loadWorklet(ctx);
+    try {
+      await loadWorklet(ctx);
+    } catch (err) {
+      this._fail(`no in-page audio tap (${err.message}): the page needs a secure context (https or localhost)`);
+      throw err;
+    }
+    if (attempt !== this.connects) return;
     this.bus = ctx.createGain();
     this.out = ctx.createGain();
     this.out.gain.value = this.muted ? 0 : 1;
@@ -141,9 +157,13 @@ export class SpeechLane extends Lane {
     this._emit("turn", { turn });
     const step = tokensPerSecond ? 1000 / tokensPerSecond : 0;
     // Each sentence's request starts when its last token is written; playback takes them in order.
-    const responses = sentences.map((s) => new Promise((resolve) => {
+    const responses = sentences.map((s) => new Promise((resolve, reject) => {
+      this.pending.add(reject);
       const at = Math.max(0, turn.sentAt + s.lastChunk * step - performance.now());
-      this.timers.push(setTimeout(() => resolve(this._request(turn, s.text, options)), at));
+      this.timers.push(setTimeout(() => {
+        this.pending.delete(reject);
+        resolve(this._request(turn, s.text, options));
+      }, at));
     }));
     responses.forEach((p) => p.catch(() => {})); // a request cut short by a stop is not an error to report
     this._play(turn, responses);
@@ -166,6 +186,10 @@ export class SpeechLane extends Lane {
           const message = err.error?.message || err.detail?.message || (typeof err.detail === "string" ? err.detail : res.statusText);
           throw Object.assign(new Error(`${res.status}: ${message || "refused"}`), { code: err.error?.code || `http_${res.status}` });
         }
+        const type = (res.headers.get("Content-Type") || "").split(";")[0].trim().toLowerCase();
+        if (NOT_PCM.test(type)) {
+          throw Object.assign(new Error(`the server answered ${type}, not raw PCM (response_format "pcm")`), { code: "not_pcm" });
+        }
         return { reader: res.body.getReader(), abort };
       })
       .catch((err) => {
@@ -177,17 +201,32 @@ export class SpeechLane extends Lane {
       });
   }
 
+  /** The next piece of a response body, or an error once it has stalled STALL_MS. */
+  _read(reader) {
+    let timer;
+    const stalled = new Promise((_, reject) => {
+      timer = setTimeout(() => reject(Object.assign(new Error(`the response stalled: no bytes for ${STALL_MS / 1000} s`), { code: "stalled" })), STALL_MS);
+    });
+    return Promise.race([reader.read(), stalled]).finally(() => clearTimeout(timer));
+  }
+
   async _play(turn, responses) {
     const ctx = audioContext();
     let next = 0; // context time the next piece starts at
     let samples = 0;
     let carry = null; // an odd byte left over from the previous read
+    let reader = null;
     try {
       for (const pending of responses) {
-        const { reader, abort } = await pending;
+        ({ reader } = await pending);
+        let first = true;
         for (;;) {
-          const { value, done } = await reader.read();
+          const { value, done } = await this._read(reader);
           if (done || this.current !== turn) break;
+          if (first && value.length >= 4 && CONTAINER.test(String.fromCharCode(...value.subarray(0, 4)))) {
+            throw Object.assign(new Error("the server answered an audio file, not raw PCM (response_format \"pcm\")"), { code: "not_pcm" });
+          }
+          first = false;
           let bytes = value;
           if (carry !== null) {
             bytes = new Uint8Array(value.length + 1);
@@ -214,9 +253,10 @@ export class SpeechLane extends Lane {
           this.sources.add(source);
           source.onended = () => this.sources.delete(source);
         }
-        this.requests.delete(abort);
+        reader = null;
         if (this.current !== turn) return;
       }
+      if (!samples) throw Object.assign(new Error("the server answered 200 with no audio"), { code: "no_audio" });
       turn.audioMs = (samples / PCM_RATE) * 1000;
       turn.status = "done";
     } catch (err) {
@@ -224,17 +264,27 @@ export class SpeechLane extends Lane {
       turn.status = "error";
       turn.error = { code: err.code || "error", message: err.message };
       this._emit("error", turn.error);
+      this._stopRequests(); // the sentences after it are not asked for, those asked are cut off
+      if (reader) reader.cancel().catch(() => {});
     }
     // Final once what was scheduled has played (lane.js: quiet after the end).
     const left = Math.max(0, (next - ctx.currentTime) * 1000);
     this.timers.push(setTimeout(() => this._finish(turn), left));
   }
 
-  interrupt() {
-    const turn = this.current;
+  /** Cancel the turn's timers, its requests in flight and its sentences not yet asked for. */
+  _stopRequests() {
     this._clearTimers();
     for (const abort of this.requests) abort.abort();
     this.requests.clear();
+    const stopped = Object.assign(new Error("stopped"), { name: "AbortError", code: "aborted" });
+    for (const reject of this.pending) reject(stopped);
+    this.pending.clear();
+  }
+
+  interrupt() {
+    const turn = this.current;
+    this._stopRequests();
     for (const source of this.sources) source.stop();
     this.sources.clear();
     if (turn) {
