@@ -15,7 +15,7 @@ import sys
 EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
     "dsm": ("the dsm engine (PyTorch)", ("torch", "safetensors", "sentencepiece")),
     "pipecat": ("the Pipecat plug-in", ("pipecat", "loguru")),
-    "race": ("the race page's Pipecat lanes", ("pipecat", "piper")),
+    "race": ("racing Pipecat on the race page", ("pipecat", "piper")),
     "livekit": ("Myna in LiveKit rooms (and the LiveKit Agents plug-in)", ("livekit.agents", "livekit.rtc")),
     "bench": ("myna bench soak (and bench ttfa --plot)", ("psutil", "matplotlib")),
     "hub": ("fetching from Hugging Face (Piper voices by name, DSM checkpoints by repo id)", ("huggingface_hub",)),

@@ -17,6 +17,8 @@ aggregation; ``pipecat-token``; they need ``bash scripts/setup.sh race``), and `
 the page unless ``--phrase-cache``. Run inside a loopback-only network namespace::
 
     unshare -rn sh -c 'ip link set lo up && .venv/bin/myna bench race --lanes piper,pipecat --preset long'
+
+It needs Playwright and Debian's Chromium (``bash scripts/setup.sh dev``).
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ PRESETS = ("short", "long", "numbers", "opening")
 def add_parser(subparsers) -> None:
     """Register ``race`` on the ``myna bench`` sub-command parser."""
     p = subparsers.add_parser("race", help="the race page's own TTFA figures per lane, from real Chromium",
-                              description=__doc__.split("\n\n")[0])
+                              description=__doc__.split("\n\n")[0] + " Needs Playwright and Debian's Chromium "
+                                                                       "(bash scripts/setup.sh dev).")
     p.add_argument("--lanes", default="piper,piper-sentence,pipecat,pipecat-token",
                    help="the page's lanes, comma-separated; the first is compared with the others (default: %(default)s)")
     p.add_argument("--preset", choices=PRESETS, default="short", help="the page's preset reply (default: %(default)s)")

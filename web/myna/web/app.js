@@ -181,11 +181,12 @@ ui.speechForm.addEventListener("submit", (e) => {
     /* storage off: the key lives for this connection only */
   }
   const entry = entries.get("openai") || addLane("openai");
+  entry.enabled = true; // the user chose a server: it races (also on a ?lanes= page without it)
   entry.lane.configure({ ...speechSettings(), apiKey: ui.speechKey.value });
-  entry.settled = false;
   entry.lastConnect = -Infinity;
   showSpeechSettings();
   connectLane(entry);
+  entry.settled = false; // (after the old connection's last state event: the race waits for this one)
   renderControls();
 });
 
