@@ -655,6 +655,7 @@ def test_myna_and_pipecats_own_pipeline_race_side_by_side(page, server):
     ttfa = {name: _number(pg, f"{_lane(name)} .ttfa") for name in lanes}
     assert all(v is not None and 0 < v < 30_000 for v in ttfa.values()), ttfa
     assert _number(pg, f"{_lane('pipecat')} .server") is not None  # its first_audio event came through
+    assert _number(pg, f"{_lane('pipecat')} .audio-ms") > 5000  # and its turn_done's audio_ms (the long reply)
     assert sorted(_history(pg)) == sorted(lanes)
     ARTIFACTS.mkdir(exist_ok=True)
     pg.screenshot(path=str(ARTIFACTS / "race-field.png"), full_page=True)

@@ -17,7 +17,8 @@ signaling) gets one Pipecat pipeline, built the way a Pipecat user builds a voic
   ``end_turn`` → ``LLMFullResponseEndFrame``, ``interrupt`` → ``InterruptionFrame``.
 - ``TurnReporter`` sends the events the client waits for: ``ready`` when the client connects,
   ``turn_started``, ``first_audio`` (``server_ttfa_ms``: first text → first audio frame leaving
-  the TTS service) and ``turn_done`` once the TTS has stopped after the turn's end (the client
+  the TTS service) and ``turn_done`` (``audio_ms``: the audio the TTS made for the turn) once the
+  TTS has stopped after the turn's end (the client
   then keeps recording until the audio queued in the transport has played out).
 
 Perceived TTFA is measured at the client on the received audio, by the same onset rule as for
@@ -96,12 +97,14 @@ def _pipeline_parts(connection, aggregation: str):
             self._text_at = 0.0
             self._heard = False
             self._ending = False
+            self._audio_s = 0.0
 
         def send(self, event: dict) -> None:
             connection.send_app_message(event)
 
         def begin(self, turn_id: str) -> None:
             self._turn, self._text_at, self._heard, self._ending = turn_id, time.monotonic(), False, False
+            self._audio_s = 0.0
             self.send({"type": "turn_started", "turn_id": turn_id})
 
         def ending(self) -> None:
@@ -110,12 +113,14 @@ def _pipeline_parts(connection, aggregation: str):
         async def process_frame(self, frame, direction):
             await super().process_frame(frame, direction)
             if self._turn is not None and direction == FrameDirection.DOWNSTREAM:
+                if isinstance(frame, TTSAudioRawFrame):
+                    self._audio_s += len(frame.audio) / (2 * frame.num_channels * frame.sample_rate)  # s16
                 if isinstance(frame, TTSAudioRawFrame) and not self._heard:
                     self._heard = True
                     self.send({"type": "first_audio", "turn_id": self._turn,
                                "server_ttfa_ms": round(1000.0 * (time.monotonic() - self._text_at), 1)})
                 elif isinstance(frame, TTSStoppedFrame) and self._ending:
-                    self.send({"type": "turn_done", "turn_id": self._turn})
+                    self.send({"type": "turn_done", "turn_id": self._turn, "audio_ms": round(1000.0 * self._audio_s, 1)})
                     self._turn = None
             await self.push_frame(frame, direction)
 
