@@ -43,11 +43,13 @@ CAPACITY_TEXT = "The weather today is sunny, with a light breeze from the west a
 #: (0.47–0.58 over the steps of one run).
 SPEECH_SHARE = 0.55
 #: The engine's busy share at the bound: ``myna bench capacity``'s measured capacity × SPEECH_SHARE
-#: ÷ the real-time streams :func:`measure_capacity` finds on the same host (8 × 0.55 ÷ 17.5 on
-#: two cores, the bundled Piper voice). Low because the bound is tight: at LLM pace a reply's
-#: first phrase waits ~70–130 ms for its words, which leaves little for waiting behind other
-#: sessions' jobs; past it, pauses mid-reply break the bound first.
-BOUND_UTILISATION = 0.25
+#: ÷ the real-time streams :func:`measure_capacity` finds on the same host: 14 × 0.55 ÷ 20.5 on
+#: two cores with the bundled Piper voice (three ramps of 60 replies a step: 14 conversations held
+#: in all three, 16 in the two that tried it, 12 broke once on gaps, 1.13 a minute; was 0.25 from
+#: 8 × 0.55 ÷ 17.5, before the urgent threads). Low because the bound is tight: at LLM pace a
+#: reply's first phrase waits ~70–130 ms for its words, which leaves little for waiting behind
+#: other sessions' jobs; past it, pauses mid-reply break the bound first.
+BOUND_UTILISATION = 0.38
 
 @dataclass
 class Limits:
