@@ -115,10 +115,10 @@ def _pipeline_parts(connection, aggregation: str):
             if self._turn is not None and direction == FrameDirection.DOWNSTREAM:
                 if isinstance(frame, TTSAudioRawFrame):
                     self._audio_s += len(frame.audio) / (2 * frame.num_channels * frame.sample_rate)  # s16
-                if isinstance(frame, TTSAudioRawFrame) and not self._heard:
-                    self._heard = True
-                    self.send({"type": "first_audio", "turn_id": self._turn,
-                               "server_ttfa_ms": round(1000.0 * (time.monotonic() - self._text_at), 1)})
+                    if not self._heard:
+                        self._heard = True
+                        self.send({"type": "first_audio", "turn_id": self._turn,
+                                   "server_ttfa_ms": round(1000.0 * (time.monotonic() - self._text_at), 1)})
                 elif isinstance(frame, TTSStoppedFrame) and self._ending:
                     self.send({"type": "turn_done", "turn_id": self._turn, "audio_ms": round(1000.0 * self._audio_s, 1)})
                     self._turn = None

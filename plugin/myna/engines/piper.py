@@ -693,7 +693,7 @@ class PiperStream(SynthesisStream):
             if self._guess[0] == text:
                 return
             self._drop_guess()  # the word went on ("boo" + "ked"): guess again
-        cache = self._engine.phrase_cache if self.phrase_cache_on else None
+        cache = self._phrase_cache()
         if cache is not None and cache.get(self._engine.name, self._cache_key(), text) is not None:
             return
         job = self._engine.scheduler.run(self._engine.encode_unit, text, self.speed, self.voice,
@@ -772,6 +772,10 @@ class PiperStream(SynthesisStream):
             parts[k] = f"{said.IPA}{phonemes}{said.IPA}" if phonemes else written
         return "".join(parts)
 
+    def _phrase_cache(self):
+        """The engine's phrase cache, or None when it has none or this turn does without it."""
+        return self._engine.phrase_cache if self.phrase_cache_on else None
+
     def _cache_key(self) -> str:
         return self.voice if self.speed == 1.0 else f"{self.voice}@{self.speed:g}"  # (cached by voice and pace)
 
@@ -835,7 +839,7 @@ class PiperStream(SynthesisStream):
         """Synthesise one unit and emit it chunk by chunk, from the phrase cache when it holds
         the unit; None when the unit was left out."""
         engine, rate = self._engine, self._engine.sample_rate
-        cache = engine.phrase_cache if self.phrase_cache_on else None
+        cache = self._phrase_cache()
         key = self._cache_key()
         guessed = await self._guessed(unit)
         hit = cache.get(engine.name, key, unit.text) if cache is not None and guessed is None else None

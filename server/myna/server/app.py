@@ -256,7 +256,13 @@ async def _json_errors(request: web.Request, handler):
         return _error_response(500, "internal", "internal error")
 
 
-async def _json_body(request: web.Request) -> dict:
+async def json_body(request: web.Request) -> dict:
+    """A request's body as a JSON object.
+
+    Raises:
+        HTTPError: 400 ``bad_body`` (unreadable), ``bad_json`` (not JSON), ``bad_request`` (not
+            an object); aiohttp's 413 for a body over the app's ``client_max_size``.
+    """
     try:
         raw = await request.read()
     except web.HTTPException:
@@ -275,14 +281,14 @@ async def _json_body(request: web.Request) -> dict:
 async def _offer(request: web.Request) -> web.Response:
     worker = request.app[WORKER_KEY]
     grant = worker.authorize(request)
-    body = await _json_body(request)
+    body = await json_body(request)
     return web.json_response(await worker.webrtc.offer(body, worker.client_of(request, grant), grant))
 
 
 async def _patch_offer(request: web.Request) -> web.Response:
     worker = request.app[WORKER_KEY]
     grant = worker.authorize(request)
-    await worker.webrtc.add_candidates(await _json_body(request), worker.client_of(request, grant))
+    await worker.webrtc.add_candidates(await json_body(request), worker.client_of(request, grant))
     return web.json_response({"status": "success"})
 
 

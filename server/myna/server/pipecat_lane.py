@@ -41,6 +41,7 @@ from aiohttp import web
 
 from myna.errors import HTTPError
 from myna.extras import MissingExtra, require
+from myna.server.app import json_body
 
 log = logging.getLogger(__name__)
 
@@ -181,13 +182,7 @@ def add_pipecat_lane(app: web.Application, worker, loopback: bool) -> None:
         if not worker.ready:
             raise HTTPError(503, "not_ready", "the worker is still loading its engines")
         try:
-            body = await request.json()
-        except ValueError:
-            raise HTTPError(400, "bad_json", "the body is not valid JSON") from None
-        if not isinstance(body, dict):
-            raise HTTPError(400, "bad_request", "the body must be a JSON object")
-        try:
-            status, answer = await peer.offer(body)
+            status, answer = await peer.offer(await json_body(request))
         except (RuntimeError, aiohttp.ClientError, asyncio.TimeoutError) as exc:
             log.warning("pipecat lane: %s", exc)
             raise HTTPError(502, "pipecat_failed", f"Pipecat's peer did not answer: {exc}") from None

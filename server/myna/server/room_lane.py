@@ -69,9 +69,8 @@ class RoomLanes:
     agents: set = field(default_factory=set)
     _tasks: set = field(default_factory=set)
 
-    async def open(self, defaults: TurnDefaults | None = None) -> dict:
-        """A new room with Myna in it (its turns with ``defaults``, default: the engine's voice);
-        what the browser needs to join it."""
+    async def open(self, defaults: TurnDefaults) -> dict:
+        """A new room with Myna in it, its turns with ``defaults``; what the browser needs to join it."""
         from livekit import rtc
 
         from myna.room.agent import RoomAgent
@@ -81,8 +80,7 @@ class RoomLanes:
         engine = self.worker.engines[self.worker.default_engine]
         room = rtc.Room()
         agent = RoomAgent(room, engine, self.worker.sessions, engines=[engine.name],
-                          defaults=defaults or TurnDefaults(voice=self.worker.engines.voice_for(engine.name)),
-                          leave_when_empty=True)
+                          defaults=defaults, leave_when_empty=True)
         agent.attach()
         await room.connect(self.url, participant_token(self.key, self.secret, room_name, MYNA_IDENTITY),
                            rtc.RoomOptions(auto_subscribe=False, connect_timeout=10.0))

@@ -59,8 +59,9 @@ const NARROW = window.matchMedia("(max-width: 640px)"); // a phone: the lanes sc
 /** Lanes the page knows how to describe; other engines the worker lists get a plain lane.
  * kind: "engine" (a Myna engine over WebRTC, available when the worker loaded it), "pipecat"
  * (Pipecat's own pipeline, GET /api/pipecat), "room" (room-lane.js, GET /api/room) or "speech"
- * (any OpenAI-compatible /v1/audio/speech, speech-lane.js). `needs`: what a missing lane needs,
- * in words, and `setup`/`flags` the command that adds it. */
+ * (any OpenAI-compatible /v1/audio/speech, speech-lane.js). `engine`: a Pipecat lane's text
+ * aggregation; `needs`: what a missing engine lane needs, in words; `absent`: the state text of a
+ * lane this worker cannot run; `setup`/`flags`: the command that adds it. */
 const KNOWN = {
   dsm: {
     kind: "engine", title: "DSM", desc: "word by word (delayed streams)", color: "#d4900f",
@@ -183,10 +184,8 @@ ui.speechForm.addEventListener("submit", (e) => {
   const entry = entries.get("openai") || addLane("openai");
   entry.enabled = true; // the user chose a server: it races (also on a ?lanes= page without it)
   entry.lane.configure({ ...speechSettings(), apiKey: ui.speechKey.value });
-  entry.lastConnect = -Infinity;
   showSpeechSettings();
-  connectLane(entry);
-  entry.settled = false; // (after the old connection's last state event: the race waits for this one)
+  reconnectLane(entry);
   renderControls();
 });
 
@@ -197,11 +196,7 @@ ui.phraseCache.addEventListener("change", () => {
     if (entry.info.kind === "engine" || entry.info.kind === "room") entry.lane.session.phrase_cache = ui.phraseCache.checked;
     else if (entry.info.kind === "speech") entry.lane.configure(speechSettings());
     else continue;
-    if (entry.lane.state === "connected") {
-      entry.settled = false;
-      entry.lastConnect = -Infinity;
-      connectLane(entry);
-    }
+    if (entry.lane.state === "connected") reconnectLane(entry);
   }
   renderControls();
 });
@@ -804,8 +799,7 @@ function exportJSON() {
 }
 
 ui.exportButton.addEventListener("click", () => {
-  download(new Blob([JSON.stringify(exportJSON(), null, 2)], { type: "application/json" }),
-           `myna-race-${new Date().toISOString().replace(/[:.]/g, "-")}.json`);
+  download(new Blob([JSON.stringify(exportJSON(), null, 2)], { type: "application/json" }), "json");
 });
 /** The history's chart (chart.js): TTFA median and IQR per lane, as an SVG document. */
 function chartSVG() {
@@ -821,10 +815,11 @@ function chartSVG() {
   return ttfaChart(lanes, { note });
 }
 
-function download(blob, name) {
+/** Save `blob` as myna-race-<time>.<extension>. */
+function download(blob, extension) {
   const a = document.createElement("a");
   a.href = URL.createObjectURL(blob);
-  a.download = name;
+  a.download = `myna-race-${new Date().toISOString().replace(/[:.]/g, "-")}.${extension}`;
   document.body.append(a);
   a.click();
   a.remove();
@@ -832,7 +827,7 @@ function download(blob, name) {
 }
 
 ui.chartButton.addEventListener("click", () => {
-  download(new Blob([chartSVG()], { type: "image/svg+xml" }), `myna-race-${new Date().toISOString().replace(/[:.]/g, "-")}.svg`);
+  download(new Blob([chartSVG()], { type: "image/svg+xml" }), "svg");
 });
 ui.clearButton.addEventListener("click", () => {
   if (!history.length) return;
@@ -973,6 +968,13 @@ function updateAvailability(entry) {
     entry.available = offered[kind].available === true;
     entry.why = offered[kind].error?.message || null;
   }
+}
+
+/** Connect a lane again now, with new settings; the race waits for it again. */
+function reconnectLane(entry) {
+  entry.lastConnect = -Infinity;
+  connectLane(entry);
+  entry.settled = false; // (after the old connection's last state event)
 }
 
 function connectLane(entry) {
@@ -1131,9 +1133,11 @@ function choosePreset(name, focus = true) {
   if (focus) ui.text.focus();
 }
 for (const b of document.querySelectorAll("[data-preset]")) b.addEventListener("click", () => choosePreset(b.dataset.preset));
+/** The preset whose text the box holds, or undefined. */
+const presetInBox = () => Object.keys(PRESETS).find((name) => PRESETS[name] === ui.text.value.trim());
 ui.text.addEventListener("input", () => {
-  const match = Object.entries(PRESETS).find(([, text]) => text === ui.text.value.trim());
-  for (const b of document.querySelectorAll("[data-preset]")) b.setAttribute("aria-pressed", String(!!match && b.dataset.preset === match[0]));
+  const match = presetInBox();
+  for (const b of document.querySelectorAll("[data-preset]")) b.setAttribute("aria-pressed", String(b.dataset.preset === match));
 });
 /** The race's settings as a link: the lanes in the race, the text (a preset by name), the
  * rate, voice, speed, phrase cache and the OpenAI-compatible lane's server (never its key). */
@@ -1142,8 +1146,8 @@ function permalink() {
   const q = link.searchParams;
   const lanes = [...entries.values()].filter((e) => e.enabled && e.available !== false).map((e) => e.name);
   if (lanes.length) q.set("lanes", lanes.join(","));
-  const preset = Object.entries(PRESETS).find(([, text]) => text === ui.text.value.trim());
-  if (preset) q.set("preset", preset[0]);
+  const preset = presetInBox();
+  if (preset) q.set("preset", preset);
   else q.set("text", ui.text.value.trim());
   q.set("rate", ui.rate.value);
   if (ui.voice.value) q.set("voice", ui.voice.value);
@@ -1175,7 +1179,6 @@ function applyLinkSettings() {
 
 ui.linkButton.addEventListener("click", async () => {
   const link = permalink();
-  ui.linkButton.dataset.link = link;
   try {
     await navigator.clipboard.writeText(link);
     announce("Link to these race settings copied.");
@@ -1202,7 +1205,7 @@ document.addEventListener("keydown", (e) => {
 document.addEventListener("pointerdown", () => entries.forEach((e) => e.lane.resumeAudio()), { once: true });
 
 // Exposed for tests and the console.
-window.myna = { entries, health, get race() { return race; }, history: () => history, exportJSON, historySummary, permalink, chartSVG: () => chartSVG() };
+window.myna = { entries, health, get race() { return race; }, history: () => history, exportJSON, historySummary, permalink, chartSVG };
 
 for (const name of requested) addLane(name);
 // The default race: every lane but the OpenAI-compatible one, which races once a server is

@@ -231,13 +231,19 @@ export class Lane extends EventTarget {
       await loadWorklet(ctx);
       if (!this.audio || this.audio !== audio) return;
       this.source = ctx.createMediaStreamSource(stream);
-      this.tap = new AudioWorkletNode(ctx, "myna-onset-tap", { numberOfInputs: 1, numberOfOutputs: 1, outputChannelCount: [1] });
-      this.tap.port.onmessage = (e) => this._onTap(e.data);
+      this.tap = this._newTap(ctx);
       this.source.connect(this.tap).connect(ctx.destination);
       this.calibrateLead();
     } catch (err) {
       this._emit("error", { code: "audio_tap", message: `no in-page audio tap (${err.message}); perceived TTFA unavailable` });
     }
+  }
+
+  /** The onset tap (onset-worklet.js) on `ctx`, its messages handled by this lane. */
+  _newTap(ctx) {
+    const tap = new AudioWorkletNode(ctx, "myna-onset-tap", { numberOfInputs: 1, numberOfOutputs: 1, outputChannelCount: [1] });
+    tap.port.onmessage = (e) => this._onTap(e.data);
+    return tap;
   }
 
   /** A new MediaStreamSource into the tap before each turn. Chromium's WebRTC → WebAudio FIFO

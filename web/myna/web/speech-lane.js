@@ -93,11 +93,6 @@ export class SpeechLane extends Lane {
     if (this.out) this.out.gain.value = this.muted ? 0 : 1;
   }
 
-  resumeAudio() {
-    const ctx = audioContext();
-    if (ctx.state !== "running") ctx.resume().catch(() => {});
-  }
-
   /** Check the server answers (GET {base}/models, any HTTP status but 401/403), then set up the tap. */
   async connect() {
     this.close(true);
@@ -128,16 +123,11 @@ export class SpeechLane extends Lane {
     this.bus = ctx.createGain();
     this.out = ctx.createGain();
     this.out.gain.value = this.muted ? 0 : 1;
-    this.tap = new AudioWorkletNode(ctx, "myna-onset-tap", { numberOfInputs: 1, numberOfOutputs: 1, outputChannelCount: [1] });
-    this.tap.port.onmessage = (e) => this._onTap(e.data);
+    this.tap = this._newTap(ctx);
     this.bus.connect(this.tap).connect(ctx.destination);
     this.bus.connect(this.out).connect(ctx.destination);
     this.calibrateLead();
     this._setState("connected");
-  }
-
-  get busy() {
-    return this.current !== null;
   }
 
   /** Speak `text` at `tokensPerSecond` (0: all at once): one request per sentence, as each is written. */
@@ -298,12 +288,7 @@ export class SpeechLane extends Lane {
     if (this.current) this.interrupt();
     if (this.bus) this.bus.disconnect();
     if (this.out) this.out.disconnect();
-    if (this.tap) {
-      this.tap.port.onmessage = null;
-      this.tap.disconnect();
-    }
-    this.bus = this.out = this.tap = null;
-    this.lead = null;
-    if (!quiet) this._setState("closed");
+    this.bus = this.out = null;
+    super.close(quiet); // the tap, the lead calibration, the state
   }
 }
