@@ -48,6 +48,36 @@ def hosting(node, room: str) -> bool:
                for line in node.log_path.read_text(errors="replace").splitlines())
 
 
+async def dispatched(node, room: str, workers: list[Worker], takers: list[Worker], timeout: float = 12.0) -> None:
+    """Create ``room`` on ``node`` with Myna dispatched to it; return once one of ``takers`` (of
+    ``workers``) accepted it. A worker that is not a taker and accepts it fails the test.
+
+    livekit-server gives a dispatch one job request of at most 3 s (psrpc's default client
+    timeout) and never retries it. On a starved machine (CI: four test processes on two cores)
+    the request can expire before any worker answers, and the room never gets Myna. What these
+    tests check is which worker takes a room, so a dispatch that no taker heard of is made again
+    (``CreateDispatch``); one that a taker heard of and refused fails the test at once.
+    """
+    from livekit import api
+
+    from myna.bench.livekit_server import DEV_KEY, DEV_SECRET
+
+    async with api.LiveKitAPI(node.http_url, DEV_KEY, DEV_SECRET) as lk:
+        await lk.room.create_room(api.CreateRoomRequest(
+            name=room, node_id=node.node_id, agents=[api.RoomAgentDispatch(agent_name=AGENT)]))
+        for attempt in range(3):
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                heard = {w: [line for line in w.myna.output().splitlines() if f"room {room!r}" in line] for w in workers}
+                assert not any("accepted" in line for w in workers if w not in takers for line in heard[w]), heard
+                assert not any("refused" in line for w in takers for line in heard[w]), heard
+                if any("accepted" in line for w in takers for line in heard[w]):
+                    return
+                await asyncio.sleep(0.1)
+            await lk.agent_dispatch.create_dispatch(api.CreateAgentDispatchRequest(agent_name=AGENT, room=room))
+    raise AssertionError(f"no dispatch of {room} reached a worker in 3 tries:\n{takers[0].myna.output()[-3000:]}")
+
+
 async def wait_until(predicate, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -69,16 +99,10 @@ async def workers(livekit_cluster):
 async def test_rooms_hosted_on_either_node_are_served(livekit_cluster, workers):
     """A room is created on each node (with Myna dispatched); its participant joins through the
     other node, and Myna, registered with either node, serves it."""
-    from livekit import api
-
-    from myna.bench.livekit_server import DEV_KEY, DEV_SECRET
-
-    _, ids = workers
+    ws, ids = workers
     for host, entry in ((0, 1), (1, 0)):
         room = room_name()
-        async with api.LiveKitAPI(livekit_cluster[entry].http_url, DEV_KEY, DEV_SECRET) as lk:
-            await lk.room.create_room(api.CreateRoomRequest(
-                name=room, node_id=livekit_cluster[host].node_id, agents=[api.RoomAgentDispatch(agent_name=AGENT)]))
+        await dispatched(livekit_cluster[host], room, ws, ws)
         async with RoomClient(livekit_cluster[entry].url, token(room, "alice")) as client:
             assert client.myna().attributes["myna.worker"] in ids
             result = await client.speak(SENTENCES[host], tokens_per_s=None)
@@ -96,7 +120,8 @@ async def test_a_busy_worker_is_skipped_and_a_stopped_worker_leaves_the_other_se
         await wait_until(lambda w=w: w.load() == 0.0)
     await asyncio.sleep(4.0)  # workers report their status every 2.5 s
     busy_room = room_name()
-    async with RoomClient(node.url, token(busy_room, "alice", agent_dispatch=AGENT)) as busy:
+    await dispatched(node, busy_room, ws, ws)
+    async with RoomClient(node.url, token(busy_room, "alice")) as busy:
         busy_worker = ids.index(busy.myna().attributes["myna.worker"])
         await busy.start_turn(" ".join(SENTENCES * 4), tokens_per_s=None)
         await busy.next_event("first_audio")
@@ -105,7 +130,8 @@ async def test_a_busy_worker_is_skipped_and_a_stopped_worker_leaves_the_other_se
         await asyncio.sleep(4.0)  # workers report their status every 2.5 s
         other = ids[1 - busy_worker]
         room = room_name()  # the busy worker is full (its room counts) and refuses more: no chance involved
-        async with RoomClient(node.url, token(room, "bob", agent_dispatch=AGENT)) as client:
+        await dispatched(node, room, ws, [ws[1 - busy_worker]])
+        async with RoomClient(node.url, token(room, "bob")) as client:
             assert client.myna().attributes["myna.worker"] == other
         await busy.interrupt()
     # Stop the worker that was busy: the other one takes every new room.
@@ -115,7 +141,8 @@ async def test_a_busy_worker_is_skipped_and_a_stopped_worker_leaves_the_other_se
         await wait_until(lambda: remaining.load() == 0.0)
         await asyncio.sleep(4.0)  # its status (not full) has reached the server
         room = room_name()
-        async with RoomClient(entry.url, token(room, "carol", agent_dispatch=AGENT)) as client:
+        await dispatched(entry, room, [remaining], [remaining])
+        async with RoomClient(entry.url, token(room, "carol")) as client:
             assert client.myna().attributes["myna.worker"] == other
             result = await client.speak(SENTENCES[1], tokens_per_s=None)
             assert result.perceived_ttfa_ms is not None
