@@ -10,15 +10,20 @@
 #       instead when there is no Go;
 #     - livekit-client from npm into .lk/npm when npm is there (the page's "via LiveKit room"
 #       lane, `myna serve --livekit-url`; nothing else needs it).
-#   bash scripts/setup_livekit.sh dev    also redis-server from Debian (the tests' two-node cluster);
-#                                        `scripts/setup.sh dev` runs this. Without Go the LiveKit
-#                                        tests skip and say so.
+#   bash scripts/setup_livekit.sh dev    also redis-server from Debian (the tests' two-node cluster),
+#                                        and for phone calls (docs/phone.md):
+#                                        livekit-sip v1.0.0 in .lk/bin, built with Go and cgo against
+#                                        Debian's libopus-dev, libopusfile-dev and libsoxr-dev, and
+#                                        Debian's baresip (the tests' caller). `scripts/setup.sh dev`
+#                                        runs this. Without Go the LiveKit tests skip and say so.
 # Run it again at any time: what is there already is kept. It ends by printing the next commands.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:-user}"
 LIVEKIT_SERVER_VERSION=v1.13.5
 LIVEKIT_CLIENT_VERSION=2.23.0
+# The newest livekit-sip whose module the proxy serves in full here (v1.1+ are listed, not served).
+LIVEKIT_SIP_VERSION=v1.0.0
 
 if ! .venv/bin/python -c 'import myna, livekit.agents, livekit.api' 2>/dev/null; then
   echo "setup: installing myna with the livekit extra into .venv (bash scripts/setup.sh livekit)"
@@ -60,10 +65,34 @@ if [ "$(node -p "require('./.lk/npm/node_modules/livekit-client/package.json').v
   fi
 fi
 
-if [ "$mode" = dev ] && ! command -v redis-server >/dev/null; then
-  echo "setup: installing Debian's redis-server (the LiveKit tests' two-node cluster)"
-  sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
-  $sudo apt-get update -qq && $sudo apt-get install -y -qq redis-server >/dev/null
+if [ "$mode" = dev ]; then
+  missing=()
+  command -v redis-server >/dev/null || missing+=(redis-server)   # the tests' two-node cluster, livekit-sip's bus
+  command -v baresip >/dev/null || missing+=(baresip)             # the phone tests' caller
+  for lib in opus opusfile soxr; do                                # livekit-sip's cgo codecs
+    pkg-config --exists "$lib" 2>/dev/null || missing+=("lib$lib-dev")
+  done
+  command -v pkg-config >/dev/null || missing+=(pkg-config)
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "setup: installing Debian packages: ${missing[*]}"
+    sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+    $sudo apt-get update -qq && $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+  sip=.lk/bin/livekit-sip
+  if [ -x "$sip" ] && [ "$(cat .lk/bin/livekit-sip.version 2>/dev/null)" = "$LIVEKIT_SIP_VERSION" ]; then
+    echo "setup: livekit-sip ${LIVEKIT_SIP_VERSION#v} is in $sip"
+  elif command -v go >/dev/null; then
+    # `go install pkg@version` needs the module's version list, which the proxy refuses for this
+    # module: build it from a throwaway module that requires the exact version instead.
+    echo "setup: building livekit-sip $LIVEKIT_SIP_VERSION into .lk/bin (a few minutes the first time)"
+    work=$(mktemp -d)
+    printf 'module myna.local/livekit-sip\n\ngo 1.24\n\nrequire github.com/livekit/sip %s\n' "$LIVEKIT_SIP_VERSION" > "$work/go.mod"
+    printf '//go:build tools\n\npackage tools\n\nimport _ "github.com/livekit/sip/cmd/livekit-sip"\n' > "$work/tools.go"
+    mkdir -p .lk/bin
+    (cd "$work" && go mod tidy && go build -o "$OLDPWD/$sip" github.com/livekit/sip/cmd/livekit-sip)
+    echo "$LIVEKIT_SIP_VERSION" > .lk/bin/livekit-sip.version
+    rm -rf "$work"
+  fi
 fi
 
 if [ "$mode" != dev ] && [ -n "$server" ]; then

@@ -62,3 +62,30 @@ async def test_a_barge_in_leaves_at_most_the_source_queue_and_the_fade():
         assert out.frames_sent >= sent + 5
     finally:
         await out.aclose()
+
+
+async def test_a_closed_line_holds_the_turn_whole_until_it_opens():
+    """A phone caller whose call is not up yet: the turn waits in the playout, nothing of it is
+    sent or lost, and its first frame goes out (with ``first_audio``) when the line opens."""
+    events = []
+    line = asyncio.Event()
+    out = SourceOutput(lambda event: events.append(event.to_dict()), new_source(), line=line)
+    try:
+        out.begin_turn("t", text_at=0.0)
+        out.push_audio("t", speech(300), 22050)
+        out.end_turn("t")
+        await asyncio.sleep(0.2)
+        assert out.frames_sent == 0 and "first_audio" not in [e["type"] for e in events]
+        line.set()
+        for _ in range(200):
+            if events and events[-1]["type"] == "turn_done":
+                break
+            await asyncio.sleep(0.02)
+        assert [e["type"] for e in events if e["type"] in ("first_audio", "turn_done")] == ["first_audio", "turn_done"]
+        for _ in range(50):  # turn_done goes with the last frame, whose capture may still wait (≤ 40 ms)
+            if out.frames_sent == 15:
+                break
+            await asyncio.sleep(0.02)
+        assert events[-1]["audio_ms"] == 300.0 and out.frames_sent == 15  # all of it, 20 ms frames
+    finally:
+        await out.aclose()

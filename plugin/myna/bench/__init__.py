@@ -7,7 +7,7 @@ sets ``func`` on its parser to a callable taking the parsed ``argparse.Namespace
 import importlib
 
 #: Benchmark modules in the order ``myna bench --help`` lists them.
-BENCHMARKS: list[str] = ["ttfa", "capacity", "dsm_step", "playout", "dsm_loop", "soak", "fallback", "speech", "prepare", "frontend", "race"]
+BENCHMARKS: list[str] = ["ttfa", "capacity", "dsm_step", "playout", "dsm_loop", "soak", "fallback", "speech", "prepare", "frontend", "race", "phone"]
 
 
 def add_parsers(subparsers) -> None:

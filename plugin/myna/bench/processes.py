@@ -9,6 +9,7 @@ processes spinning on the CPU for the length of a run, so that a loaded host is 
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -35,6 +36,13 @@ def free_port(kind: int = socket.SOCK_STREAM) -> int:
     with socket.socket(socket.AF_INET, kind) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def random_port_range(low: int, high: int, size: int) -> tuple[int, int]:
+    """A random range of ``size`` ports within [low, high), first and last (for a program that takes
+    a range, such as an RTP port range; two of them rarely meet, and nothing checks they are free)."""
+    start = random.randrange(low, high - size)
+    return start, start + size - 1
 
 
 class Server:

@@ -25,6 +25,14 @@ Without it (``myna room``) the room's own end ends it: LiveKit closes a room its
 one log line says so when the room empties.
 :meth:`RoomAgent.close` releases everything: turns, the pacer, the track, the room connection.
 
+Phone calls (docs/phone.md): LiveKit's SIP service brings a caller in as a
+participant of kind SIP. Until its ``sip.callStatus`` attribute says ``active`` (the call was
+answered and the caller's media arrived) it is ``ringing`` or ``dialing``, and Myna holds its audio
+back (:attr:`RoomAgent.line`): turns are synthesised meanwhile and the first syllable goes out
+when the line opens, so a greeting sent early is heard from its start. A caller who hangs up does
+not come back: when the last participant other than agents that leaves is a SIP participant,
+Myna leaves at once, whatever ``departure_timeout`` says.
+
 One Myna per room: Myna instances recognise each other (participant attribute ``myna.ready``,
 or the same ``lk.agent.name`` as this one's); of those in the room, the one that joined first
 (``joined_at``, then SID) serves it, and any other steps aside: it leaves without publishing,
@@ -68,6 +76,10 @@ _ACTIVE = 2  # ParticipantState.PARTICIPANT_STATE_ACTIVE
 #: ``departure_timeout`` for a room).
 DEPARTURE_TIMEOUT = 20.0
 AGENT_NAME_ATTRIBUTE = "lk.agent.name"  # set by LiveKit on a dispatched agent, from its join
+#: Set by LiveKit's SIP service on a caller: ``dialing`` / ``ringing`` until the call is answered
+#: and its media flows, then ``active`` (then ``hangup``).
+SIP_CALL_STATUS_ATTRIBUTE = "sip.callStatus"
+_SIP_NOT_UP = frozenset({"dialing", "ringing"})
 
 
 class Outbox:
@@ -193,6 +205,9 @@ class RoomAgent:
         self._departure: asyncio.TimerHandle | None = None
         self._emptied = False  # (without leave_when_empty) the last participant left, no one came back yet
         self._left: set[str] = set()  # identities that were here and left (whose return is "back")
+        #: Open while Myna's audio may go out: closed while a SIP caller's line is not up yet.
+        self.line = asyncio.Event()
+        self.line.set()
 
     # -- lifetime ---------------------------------------------------------------------------
     def attach(self) -> None:
@@ -232,6 +247,7 @@ class RoomAgent:
         for participant in self.room.remote_participants.values():
             if participant.state == _ACTIVE:  # the others get it once active (participant_active)
                 self._send_ready(participant.identity)
+        self._check_line()
         log.info("joined room %r as %r (speaking for %s)", self.room.name, local.identity,
                  ", ".join(sorted(self.speak_for)) if self.speak_for else "everyone")
 
@@ -244,7 +260,7 @@ class RoomAgent:
         return self.publication.sid if self.publication is not None else ""
 
     def _new_output(self, session: Session) -> SourceOutput:
-        self.output = SourceOutput.for_session(session, self._source)
+        self.output = SourceOutput.for_session(session, self._source, line=self.line)
         return self.output
 
     async def run(self) -> None:
@@ -323,10 +339,29 @@ class RoomAgent:
             self._emptied = False
             log.info("room %r: %r %s", self.room.name, participant.identity, came)
         self._check_seniority()
+        self._check_line()
 
     def _on_attributes_changed(self, _changed: dict[str, str], participant: rtc.Participant) -> None:
         if not self._closed and participant is not self.room.local_participant:
             self._check_seniority()
+            self._check_line()
+
+    # -- phone calls ------------------------------------------------------------------------
+    def _callers_not_up(self) -> list[str]:
+        """Identities of SIP participants whose call is not answered yet (module docstring)."""
+        return [p.identity for p in self.room.remote_participants.values()
+                if p.kind == rtc.ParticipantKind.PARTICIPANT_KIND_SIP
+                and p.attributes.get(SIP_CALL_STATUS_ATTRIBUTE) in _SIP_NOT_UP]
+
+    def _check_line(self) -> None:
+        """Open or close :attr:`line` as the room's callers' lines are up or not."""
+        waiting = self._callers_not_up()
+        if waiting and self.line.is_set():
+            self.line.clear()
+            log.info("room %r: holding Myna's audio until %s answers", self.room.name, ", ".join(map(repr, waiting)))
+        elif not waiting and not self.line.is_set():
+            self.line.set()
+            log.info("room %r: the call is up; Myna's audio goes out", self.room.name)
 
     def _check_seniority(self) -> None:
         if (other := self._senior_myna()) is not None:
@@ -395,7 +430,12 @@ class RoomAgent:
             self.router.participant_left(participant.identity)
             self._greeted.discard(participant.identity)
             self._left.add(participant.identity)
-            if self.leave_when_empty and not self.others() and self._departure is None:
+            self._check_line()
+            if (self.leave_when_empty and not self.others()
+                    and participant.kind == rtc.ParticipantKind.PARTICIPANT_KIND_SIP):
+                log.info("room %r: the caller %r hung up; leaving", self.room.name, participant.identity)
+                self._done.set()  # a hung-up call does not come back: no departure grace
+            elif self.leave_when_empty and not self.others() and self._departure is None:
                 log.info("room %r has no one left to speak to; leaving in %g s unless someone comes back",
                          self.room.name, self.departure_timeout)
                 self._departure = asyncio.get_running_loop().call_later(self.departure_timeout, self._leave_if_empty)

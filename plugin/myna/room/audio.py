@@ -17,6 +17,9 @@ events when a frame is handed out), drained by one task (:meth:`SourceOutput._pa
   not queued: queued silence would sit in front of the first syllable. The task waits for the
   next 20 ms deadline instead, and when nothing at all is queued it sleeps until a turn begins.
   The source sends silence by itself meanwhile, so the track stays continuous.
+- **A line not up.** While ``line`` is clear (a phone caller whose call is not answered yet,
+  :class:`~myna.room.agent.RoomAgent`), the task takes no frame: the turn's audio waits in the
+  playout, and its first frame goes out when the line opens.
 - **Barge-in.** :meth:`interrupt` drops the playout's turns at once (keeping its 5 ms fade);
   what the source already holds (at most 40 ms) plays out, then the fade. The cut is click-free
   and the interrupted turn is silent at most ~45 ms after :meth:`interrupt`. Clearing the
@@ -57,13 +60,15 @@ class SourceOutput(Playout):
         chunks_end_at_words: the engine's chunks end at word boundaries (see
             :class:`~myna.audio.playout.Playout`): a late chunk is a gap, not an underrun.
         max_hold_s: the start rule's budget (s).
+        line: frames go out only while it is set (None: always).
     """
 
     def __init__(self, on_event: Callable[[Event], None], source: rtc.AudioSource,
                  clock: Callable[[], float] = time.monotonic, chunks_end_at_words: bool = False,
-                 max_hold_s: float = MAX_HOLD_S):
+                 max_hold_s: float = MAX_HOLD_S, line: asyncio.Event | None = None):
         super().__init__(on_event, clock=clock, chunks_end_at_words=chunks_end_at_words, max_hold_s=max_hold_s)
         self.source = source
+        self.line = line
         self._wake = asyncio.Event()
         self.frames_sent = 0  # frames handed to the source
         #: For each barge-in: ms of the interrupted turn still to be sent by the source (what
@@ -75,10 +80,10 @@ class SourceOutput(Playout):
         self._task = asyncio.get_running_loop().create_task(self._pace(), name="myna-room-pacer")
 
     @classmethod
-    def for_session(cls, session, source: rtc.AudioSource) -> "SourceOutput":
-        """The output of a :class:`~myna.session.Session` whose frames go to ``source``."""
+    def for_session(cls, session, source: rtc.AudioSource, line: asyncio.Event | None = None) -> "SourceOutput":
+        """The output of a :class:`~myna.session.Session` whose frames go to ``source`` while ``line`` is set."""
         return cls(session.on_output_event, source, clock=session.clock,
-                   chunks_end_at_words=session.engine.chunks_end_at_words, max_hold_s=session.max_hold_s)
+                   chunks_end_at_words=session.engine.chunks_end_at_words, max_hold_s=session.max_hold_s, line=line)
 
     # -- Playout, and the pacer's wake-ups --------------------------------------------------
     def begin_turn(self, turn_id: str, text_at: float, held: bool = False) -> None:
@@ -107,6 +112,9 @@ class SourceOutput(Playout):
         failures = 0  # captures failed in a row
         flowing = False  # the previous frame went to the source and nothing was held back since
         while True:
+            if self.line is not None and not self.line.is_set():
+                await self.line.wait()
+                deadline = None
             frame = self.next_frame()
             if frame is IDLE_FRAME:  # nothing queued: sleep until a turn begins
                 flowing = False
