@@ -73,6 +73,7 @@ if [ "$mode" = dev ]; then
     pkg-config --exists "$lib" 2>/dev/null || missing+=("lib$lib-dev")
   done
   command -v pkg-config >/dev/null || missing+=(pkg-config)
+  command -v gcc >/dev/null || missing+=(gcc)                      # cgo (without it Go builds no codecs)
   if [ ${#missing[@]} -gt 0 ]; then
     echo "setup: installing Debian packages: ${missing[*]}"
     sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
@@ -86,12 +87,12 @@ if [ "$mode" = dev ]; then
     # module: build it from a throwaway module that requires the exact version instead.
     echo "setup: building livekit-sip $LIVEKIT_SIP_VERSION into .lk/bin (a few minutes the first time)"
     work=$(mktemp -d)
+    trap 'rm -rf "$work"' EXIT
     printf 'module myna.local/livekit-sip\n\ngo 1.24\n\nrequire github.com/livekit/sip %s\n' "$LIVEKIT_SIP_VERSION" > "$work/go.mod"
     printf '//go:build tools\n\npackage tools\n\nimport _ "github.com/livekit/sip/cmd/livekit-sip"\n' > "$work/tools.go"
     mkdir -p .lk/bin
-    (cd "$work" && go mod tidy && go build -o "$OLDPWD/$sip" github.com/livekit/sip/cmd/livekit-sip)
+    (cd "$work" && go mod tidy && CGO_ENABLED=1 go build -o "$OLDPWD/$sip" github.com/livekit/sip/cmd/livekit-sip)
     echo "$LIVEKIT_SIP_VERSION" > .lk/bin/livekit-sip.version
-    rm -rf "$work"
   fi
 fi
 

@@ -60,6 +60,8 @@ def test_myna_talk_refuses_bad_input_before_joining(args, expected, tmp_path):
     (["--token-rate", "inf", "Hello."], "--token-rate must be a number of tokens per second, 0 or more"),
     (["--identity", "myna", "Hello."], "--identity 'myna' is Myna's identity in the room"),
     (["--identity", "bot", "--myna", "bot", "Hello."], "--identity 'bot' is Myna's identity in the room"),
+    (["--room", "", "Hello."], "error: argument --room: must name a room (it is empty)"),
+    (["--room", "  ", "Hello."], "error: argument --room: must name a room (it is empty)"),
 ])
 def test_myna_talk_refuses_bad_options_before_joining(args, expected):
     done = myna("talk", "--url", "ws://127.0.0.1:1", "--room", "r", *args,

@@ -90,7 +90,7 @@ async def test_a_caller_hears_the_agents_text_and_hanging_up_ends_myna_at_once(r
     # A hang-up is not a listener who may come back: Myna left at once, not after its 30 s grace.
     assert call.gone_ms is not None and call.gone_ms <= 2000, call.gone_ms
     log = worker.output()
-    assert f"room '{call.room}': the caller 'sip_caller' hung up; leaving" in log
+    assert f"room '{call.room}': the call with 'sip_caller' ended; leaving" in log
     assert f"left room '{call.room}'" in log
     # Myna joined while the phone rang (the bridge answers once Myna's track is subscribed) and held
     # its audio until the call was up.
@@ -104,5 +104,5 @@ async def test_a_caller_who_hangs_up_mid_reply_stops_it(rig, worker):
     long_reply = " ".join(SENTENCES * 3)
     call = await rig.call(long_reply, hang_up_after=0.8)
     assert call.gone_ms is not None and call.gone_ms <= 2000, call.gone_ms
-    assert f"room '{call.room}': the caller 'sip_caller' hung up; leaving" in worker.output()
+    assert f"room '{call.room}': the call with 'sip_caller' ended; leaving" in worker.output()
     assert await released(worker)

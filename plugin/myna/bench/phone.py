@@ -3,8 +3,9 @@
 Each call is what a caller and an agent do: Debian's ``baresip`` dials a number on
 ``livekit-sip``; the dispatch rule puts the call in a room of its own and dispatches ``myna
 worker``; the agent's side (here an aiortc-free LiveKit participant of kind agent, as an LLM agent
-would be) joins, and sends the reply's text the moment Myna is ready — while the phone is still
-ringing, as a greeting would be; the caller hangs up after the reply.
+would be) joins, and sends the reply's text the moment Myna is ready, as a greeting would be
+(here the bridge has usually answered by then: it answers ~0.1 s after Myna's track is
+subscribed); the caller hangs up after the reply.
 
 Per call it reports, from the same text in the same room:
 
@@ -13,8 +14,8 @@ Per call it reports, from the same text in the same room:
 - **listener TTFA**: the same text → its first audible sample out of a WebRTC listener in the room
   (the agent's own subscription to Myna's track);
 - **the bridge's share**: their difference: LiveKit to the bridge, Opus decoding, resampling to
-  8 kHz, G.711 and RTP to the phone. The first call's also holds the ring: the text goes out
-  before the call is answered and Myna holds its audio until the line is up;
+  8 kHz, G.711 and RTP to the phone. When the text comes before the call is up, Myna holds its
+  one track for both, so the hold is in both figures and not in their difference;
 - **after hang-up**: the caller's BYE → Myna gone from the room.
 
 Everything runs on this host, inside a loopback-only network namespace::

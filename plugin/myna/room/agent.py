@@ -27,11 +27,15 @@ one log line says so when the room empties.
 
 Phone calls (docs/phone.md): LiveKit's SIP service brings a caller in as a
 participant of kind SIP. Until its ``sip.callStatus`` attribute says ``active`` (the call was
-answered and the caller's media arrived) it is ``ringing`` or ``dialing``, and Myna holds its audio
-back (:attr:`RoomAgent.line`): turns are synthesised meanwhile and the first syllable goes out
-when the line opens, so a greeting sent early is heard from its start. A caller who hangs up does
-not come back: when the last participant other than agents that leaves is a SIP participant,
-Myna leaves at once, whatever ``departure_timeout`` says.
+answered and the caller's media arrived) it is ``ringing`` or ``dialing`` (``automation`` while
+the bridge dials an extension's digits). While such a caller is the only one who would hear Myna
+(no other participant but agents is in the room), Myna holds its audio back
+(:attr:`RoomAgent.line`): turns are synthesised meanwhile and the first syllable goes out when
+the line opens, so a greeting sent early is heard from its start. A call that was answered and
+ends does not come back: when the last participant other than agents that leaves is such a
+caller, Myna leaves at once, whatever ``departure_timeout`` says. A call that was never answered
+(a failed outbound dial, a caller who gave up while it rang) leaves the room to the grace period,
+as an agent may dial again.
 
 One Myna per room: Myna instances recognise each other (participant attribute ``myna.ready``,
 or the same ``lk.agent.name`` as this one's); of those in the room, the one that joined first
@@ -76,10 +80,10 @@ _ACTIVE = 2  # ParticipantState.PARTICIPANT_STATE_ACTIVE
 #: ``departure_timeout`` for a room).
 DEPARTURE_TIMEOUT = 20.0
 AGENT_NAME_ATTRIBUTE = "lk.agent.name"  # set by LiveKit on a dispatched agent, from its join
-#: Set by LiveKit's SIP service on a caller: ``dialing`` / ``ringing`` until the call is answered
+#: Set by LiveKit's SIP service on a caller: ``dialing`` / ``ringing`` (``automation``) until the call is answered
 #: and its media flows, then ``active`` (then ``hangup``).
 SIP_CALL_STATUS_ATTRIBUTE = "sip.callStatus"
-_SIP_NOT_UP = frozenset({"dialing", "ringing"})
+_SIP_NOT_UP = frozenset({"dialing", "ringing", "automation"})
 
 
 class Outbox:
@@ -208,6 +212,7 @@ class RoomAgent:
         #: Open while Myna's audio may go out: closed while a SIP caller's line is not up yet.
         self.line = asyncio.Event()
         self.line.set()
+        self._answered: set[str] = set()  # SIP callers whose call was up at some point
 
     # -- lifetime ---------------------------------------------------------------------------
     def attach(self) -> None:
@@ -347,19 +352,27 @@ class RoomAgent:
             self._check_line()
 
     # -- phone calls ------------------------------------------------------------------------
-    def _callers_not_up(self) -> list[str]:
-        """Identities of SIP participants whose call is not answered yet (module docstring)."""
-        return [p.identity for p in self.room.remote_participants.values()
-                if p.kind == rtc.ParticipantKind.PARTICIPANT_KIND_SIP
-                and p.attributes.get(SIP_CALL_STATUS_ATTRIBUTE) in _SIP_NOT_UP]
+    def _is_caller(self, participant: rtc.RemoteParticipant) -> bool:
+        return participant.kind == rtc.ParticipantKind.PARTICIPANT_KIND_SIP
 
-    def _check_line(self) -> None:
-        """Open or close :attr:`line` as the room's callers' lines are up or not."""
-        waiting = self._callers_not_up()
-        if waiting and self.line.is_set():
+    def _check_line(self, leaving: str | None = None) -> None:
+        """Open or close :attr:`line` (module docstring): closed while every participant but
+        agents (and but ``leaving``, who is still listed while it leaves) is a caller whose call
+        is not up yet. Notes which callers' calls were answered."""
+        waiting, hearing = [], False
+        for p in self.room.remote_participants.values():
+            if p.kind == rtc.ParticipantKind.PARTICIPANT_KIND_AGENT or p.identity == leaving:
+                continue
+            if self._is_caller(p) and p.attributes.get(SIP_CALL_STATUS_ATTRIBUTE) in _SIP_NOT_UP:
+                waiting.append(p.identity)
+            else:
+                hearing = True
+                if self._is_caller(p):
+                    self._answered.add(p.identity)
+        if waiting and not hearing and self.line.is_set():
             self.line.clear()
             log.info("room %r: holding Myna's audio until %s answers", self.room.name, ", ".join(map(repr, waiting)))
-        elif not waiting and not self.line.is_set():
+        elif (hearing or not waiting) and not self.line.is_set():
             self.line.set()
             log.info("room %r: the call is up; Myna's audio goes out", self.room.name)
 
@@ -430,11 +443,10 @@ class RoomAgent:
             self.router.participant_left(participant.identity)
             self._greeted.discard(participant.identity)
             self._left.add(participant.identity)
-            self._check_line()
-            if (self.leave_when_empty and not self.others()
-                    and participant.kind == rtc.ParticipantKind.PARTICIPANT_KIND_SIP):
-                log.info("room %r: the caller %r hung up; leaving", self.room.name, participant.identity)
-                self._done.set()  # a hung-up call does not come back: no departure grace
+            self._check_line(leaving=participant.identity)
+            if self.leave_when_empty and not self.others() and participant.identity in self._answered:
+                log.info("room %r: the call with %r ended; leaving", self.room.name, participant.identity)
+                self._done.set()  # an ended call does not come back: no departure grace
             elif self.leave_when_empty and not self.others() and self._departure is None:
                 log.info("room %r has no one left to speak to; leaving in %g s unless someone comes back",
                          self.room.name, self.departure_timeout)

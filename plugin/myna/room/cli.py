@@ -65,7 +65,7 @@ def add_parsers(sub) -> None:
                        description="Join a LiveKit room and speak what participants stream to Myna "
                                    "(docs/livekit.md).")
     p.add_argument("--url", required=True, help="the LiveKit server's WebSocket URL, e.g. ws://127.0.0.1:7880")
-    p.add_argument("--room", required=True, help="room name")
+    p.add_argument("--room", required=True, type=_room_name, help="room name")
     p.add_argument("--identity", default="myna", help="Myna's participant identity (default: %(default)s)")
     p.add_argument("--token", help="a join token (default: minted from LIVEKIT_API_KEY and LIVEKIT_API_SECRET)")
     _add_common(p)
@@ -101,7 +101,7 @@ def add_parsers(sub) -> None:
                                    "be written; 130/143 when interrupted (SIGINT/SIGTERM).")
     p.add_argument("text", nargs="+", help="what to say (each argument is one turn)")
     p.add_argument("--url", required=True, help="the LiveKit server's WebSocket URL, e.g. ws://127.0.0.1:7880")
-    p.add_argument("--room", required=True, help="room name")
+    p.add_argument("--room", required=True, type=_room_name, help="room name")
     p.add_argument("--identity", default=None, help="your participant identity (default: talk- and a random suffix)")
     p.add_argument("--token", help="a join token (default: minted from LIVEKIT_API_KEY and LIVEKIT_API_SECRET)")
     p.add_argument("--dispatch", metavar="AGENT_NAME",
@@ -117,6 +117,13 @@ def add_parsers(sub) -> None:
                    help="start each turn's audio at its first audible sample (default); --no-trim keeps it from "
                         "the first text chunk sent, TTFA silence included")
     p.set_defaults(func=_talk)
+
+
+def _room_name(value: str) -> str:
+    """``--room``'s value: a name (an empty one would fail in the SDK with a traceback)."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("must name a room (it is empty)")
+    return value
 
 
 def _add_common(p) -> None:
