@@ -250,8 +250,7 @@ async def test_myna_worker_takes_turn_defaults_from_the_dispatch_metadata(liveki
             async with RoomClient(livekit_node.url, token(names[kind], "alice")) as client:
                 result = await client.speak(SENTENCES[1], tokens_per_s=None)
                 assert result.events[-1]["type"] == "turn_done", result.events
-                done = result.events[-1]  # the speech itself: audio_ms less the pauses a busy host inserted
-                audio_ms[kind] = done["audio_ms"] - (done.get("gap_ms") or {}).get("total", 0.0)
+                audio_ms[kind] = result.events[-1]["audio_ms"]  # (speech only: a gap's silence is not counted)
                 errors = [e for e in client.history if e["type"] == "error"]
                 if kind == "bad":  # one error after ready, naming the field; the room speaks on
                     assert [e["code"] for e in errors] == ["bad_speed"], client.history
@@ -259,7 +258,9 @@ async def test_myna_worker_takes_turn_defaults_from_the_dispatch_metadata(liveki
                     assert [e["type"] for e in client.history[:2]] == ["ready", "error"]
                 else:
                     assert errors == [], errors
-        # speed 1.5: 30–40 % shorter than the worker's own pace (the bad room's, at 1.0)
-        assert 0.55 < audio_ms["fast"] / audio_ms["bad"] < 0.75, audio_ms
+        # speed 1.5: about a third shorter than the worker's own pace (the bad room's, at 1.0). Piper
+        # samples each phoneme's duration (its noise is not seeded), so one sentence's ratio varies
+        # around 1 / 1.5 (0.757 seen once); 0.8 still tells 1.5 from 1.0.
+        assert 0.55 < audio_ms["fast"] / audio_ms["bad"] < 0.8, audio_ms
     finally:
         assert worker.stop() == 0

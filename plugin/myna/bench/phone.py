@@ -99,9 +99,13 @@ class PhoneRig:
         from myna.bench.livekit_sip import SipBridge
 
         self.address = media_address()
-        self.redis = RedisServer(log_dir=self.log_dir).start()
-        self.node = LiveKitServer(node_ip=self.address, redis=self.redis, log_dir=self.log_dir).start()
-        self.bridge = SipBridge(self.node, address=self.address, log_dir=self.log_dir).start()
+        try:
+            self.redis = RedisServer(log_dir=self.log_dir).start()
+            self.node = LiveKitServer(node_ip=self.address, redis=self.redis, log_dir=self.log_dir).start()
+            self.bridge = SipBridge(self.node, address=self.address, log_dir=self.log_dir).start()
+        except BaseException:
+            self.stop()  # (what did start must not outlive the failure)
+            raise
         return self
 
     async def open_line(self) -> None:
