@@ -17,9 +17,10 @@ signaling) gets one Pipecat pipeline, built the way a Pipecat user builds a voic
   ``end_turn`` → ``LLMFullResponseEndFrame``, ``interrupt`` → ``InterruptionFrame``.
 - ``TurnReporter`` sends the events the client waits for: ``ready`` when the client connects,
   ``turn_started``, ``first_audio`` (``server_ttfa_ms``: first text → first audio frame leaving
-  the TTS service) and ``turn_done`` (``audio_ms``: the audio the TTS made for the turn) once the
-  TTS has stopped after the turn's end (the client
-  then keeps recording until the audio queued in the transport has played out).
+  the TTS service) and ``turn_done`` (``audio_ms``: the audio the TTS made for the turn) when the
+  turn's ``LLMFullResponseEndFrame`` leaves the TTS service, which queues it behind the turn's
+  audio (a ``TTSStoppedFrame`` is no such mark: one ends each sentence). The client then keeps
+  recording until the audio queued in the transport has played out.
 
 Perceived TTFA is measured at the client on the received audio, by the same onset rule as for
 Myna (:mod:`myna.audio.onset`). No STUN; 127.0.0.1 host candidates unless ``--any-interface``.
@@ -52,7 +53,6 @@ def _pipeline_parts(connection, aggregation: str):
         LLMFullResponseStartFrame,
         LLMTextFrame,
         TTSAudioRawFrame,
-        TTSStoppedFrame,
     )
     from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
     from pipecat.services.piper.tts import PiperTTSService
@@ -82,7 +82,6 @@ def _pipeline_parts(connection, aggregation: str):
                 await self.push_frame(LLMTextFrame(str(frame.message.get("text", ""))))
             elif kind == "end_turn" and self._open == turn_id:
                 self._open = None
-                self._reporter.ending()
                 await self.push_frame(LLMFullResponseEndFrame())
             elif kind == "interrupt":
                 self._open = None
@@ -96,19 +95,15 @@ def _pipeline_parts(connection, aggregation: str):
             self._turn: str | None = None
             self._text_at = 0.0
             self._heard = False
-            self._ending = False
             self._audio_s = 0.0
 
         def send(self, event: dict) -> None:
             connection.send_app_message(event)
 
         def begin(self, turn_id: str) -> None:
-            self._turn, self._text_at, self._heard, self._ending = turn_id, time.monotonic(), False, False
+            self._turn, self._text_at, self._heard = turn_id, time.monotonic(), False
             self._audio_s = 0.0
             self.send({"type": "turn_started", "turn_id": turn_id})
-
-        def ending(self) -> None:
-            self._ending = True
 
         async def process_frame(self, frame, direction):
             await super().process_frame(frame, direction)
@@ -119,7 +114,7 @@ def _pipeline_parts(connection, aggregation: str):
                         self._heard = True
                         self.send({"type": "first_audio", "turn_id": self._turn,
                                    "server_ttfa_ms": round(1000.0 * (time.monotonic() - self._text_at), 1)})
-                elif isinstance(frame, TTSStoppedFrame) and self._ending:
+                elif isinstance(frame, LLMFullResponseEndFrame):
                     self.send({"type": "turn_done", "turn_id": self._turn, "audio_ms": round(1000.0 * self._audio_s, 1)})
                     self._turn = None
             await self.push_frame(frame, direction)
