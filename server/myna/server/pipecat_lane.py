@@ -49,8 +49,9 @@ log = logging.getLogger(__name__)
 START_TIMEOUT_S = 90.0
 #: Seconds a relayed offer may take (the peer builds the pipeline before it answers).
 OFFER_TIMEOUT_S = 30.0
-#: Pipelines the peer runs at once (the page opens two); an offer past it is 503 ``full``.
-MAX_CONNECTIONS = 4
+#: Pipelines the peer runs at once (a page opens two; a page that was just reloaded may still hold
+#: its old two while the peer notices them close); an offer past it is 503 ``full``.
+MAX_CONNECTIONS = 8
 #: Seconds after a failed start before the next offer tries again (each try is a new process).
 RETRY_START_AFTER_S = 30.0
 

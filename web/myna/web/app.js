@@ -1125,6 +1125,9 @@ function frame() {
   if (race?.running) for (const entry of race.entries) renderGaps(entry, !isFinal(entry.turn)); // silences measured as audio arrives
 }
 window.addEventListener("resize", () => (wavesDirty = true));
+// Leaving or reloading the page closes every lane's connection, so the workers (Myna's and the
+// Pipecat lanes' peer) free its sessions now rather than when their connection checks time out.
+window.addEventListener("pagehide", () => entries.forEach((entry) => entry.lane && entry.lane.close(true)));
 
 // -- controls -------------------------------------------------------------------------------
 function choosePreset(name, focus = true) {
