@@ -107,6 +107,41 @@ def _create_veth() -> None:
                 raise RuntimeError(f"{' '.join(step)}: {done.stderr.strip()}")
 
 
+def start_with_config(binary: Path, name: str, config: str, log_dir: Path | None) -> tuple[subprocess.Popen, Path]:
+    """Write ``config`` to ``<log_dir>/<name>.yaml`` and start ``binary --config`` on it, its output
+    in ``<log_dir>/<name>.log`` (``log_dir`` None: the temp dir). Returns the process and the log."""
+    log_dir = log_dir or Path(tempfile.gettempdir())
+    log_dir.mkdir(parents=True, exist_ok=True)
+    config_path = log_dir / f"{name}.yaml"
+    config_path.write_text(config)
+    log_path = log_dir / f"{name}.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([str(binary), "--config", str(config_path)], stdout=log, stderr=subprocess.STDOUT)
+    return proc, log_path
+
+
+def wait_until_ready(proc: subprocess.Popen, log_path: Path, ready, timeout: float, name: str) -> None:
+    """Wait until ``ready()`` is true.
+
+    Raises:
+        RuntimeError: ``proc`` exited first, or ``timeout`` s passed (the message holds the end of
+            its log; the process is left to the caller to stop).
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with {proc.returncode}:\n{log_tail(log_path)}")
+        if ready():
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"{name} was not ready within {timeout:.0f} s:\n{log_tail(log_path)}")
+
+
+def log_tail(log_path: Path | None, chars: int = 3000) -> str:
+    """The last ``chars`` characters of a log ("" before there is one)."""
+    return log_path.read_text(errors="replace")[-chars:] if log_path and log_path.exists() else ""
+
+
 @dataclass
 class RedisServer:
     """``redis-server`` on 127.0.0.1 without persistence (Debian's package)."""
@@ -213,25 +248,20 @@ class LiveKitServer:
         binary = self.binary or find_livekit_server()
         if binary is None:
             raise RuntimeError(missing_livekit_server())
-        log_dir = self.log_dir or Path(tempfile.gettempdir())
-        log_dir.mkdir(parents=True, exist_ok=True)
-        config_path = log_dir / f"livekit-{self.port}.yaml"
-        config_path.write_text(self.config())
-        self.log_path = log_dir / f"livekit-{self.port}.log"
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen([str(binary), "--config", str(config_path)], stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"livekit-server exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(self.http_url, timeout=1) as r:
-                    if r.status == 200:
-                        return self
-            except (urllib.error.URLError, OSError):
-                time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"livekit-server was not ready within {timeout:.0f} s:\n{self.log_tail()}")
+        self.proc, self.log_path = start_with_config(binary, f"livekit-{self.port}", self.config(), self.log_dir)
+        try:
+            wait_until_ready(self.proc, self.log_path, self._answers, timeout, "livekit-server")
+        except RuntimeError:
+            self.stop()
+            raise
+        return self
+
+    def _answers(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.http_url, timeout=1) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
 
     @property
     def node_id(self) -> str | None:
@@ -242,7 +272,7 @@ class LiveKitServer:
         return text[at + len(marker):].split('"', 1)[0] if at >= 0 else None
 
     def log_tail(self, chars: int = 3000) -> str:
-        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path and self.log_path.exists() else ""
+        return log_tail(self.log_path, chars)
 
     def kill(self) -> None:
         """Kill the node at once (SIGKILL): a server dying, for failure tests."""

@@ -18,12 +18,10 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from myna.bench.livekit_server import DEV_KEY, DEV_SECRET, LiveKitServer
+from myna.bench.livekit_server import DEV_KEY, DEV_SECRET, LiveKitServer, log_tail, start_with_config, wait_until_ready
 from myna.bench.processes import free_port, random_port_range, terminate
 
 #: The livekit-sip module version ``scripts/setup_livekit.sh`` builds.
@@ -83,35 +81,27 @@ class SipBridge:
         its log says so).
 
         Raises:
-            RuntimeError: no binary, or it exited or did not listen within ``timeout`` s (the
+            RuntimeError: no binary, or it exited or was not listening within ``timeout`` s (the
                 message holds the end of its log).
         """
         binary = find_livekit_sip()
         if binary is None:
             raise RuntimeError(missing_livekit_sip())
-        log_dir = self.log_dir or Path(tempfile.gettempdir())
-        log_dir.mkdir(parents=True, exist_ok=True)
-        config_path = log_dir / f"livekit-sip-{self.sip_port}.yaml"
-        config_path.write_text(self.config())
-        self.log_path = log_dir / f"livekit-sip-{self.sip_port}.log"
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen([str(binary), "--config", str(config_path)], stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"livekit-sip exited with {self.proc.returncode}:\n{self.log_tail()}")
-            if '"proto": "udp"' in self.log_tail(100_000):
-                return self
-            time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"livekit-sip did not listen within {timeout:.0f} s:\n{self.log_tail()}")
+        self.proc, self.log_path = start_with_config(binary, f"livekit-sip-{self.sip_port}", self.config(), self.log_dir)
+        try:
+            wait_until_ready(self.proc, self.log_path, lambda: '"proto": "udp"' in self.log_tail(100_000), timeout,
+                             "livekit-sip")
+        except RuntimeError:
+            self.stop()
+            raise
+        return self
 
     def uri(self, number: str) -> str:
         """The SIP URI that calls ``number`` through this bridge."""
         return f"sip:{number}@{self.address}:{self.sip_port}"
 
     def log_tail(self, chars: int = 3000) -> str:
-        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path and self.log_path.exists() else ""
+        return log_tail(self.log_path, chars)
 
     def stop(self) -> None:
         if self.proc is not None:
